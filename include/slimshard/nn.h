@@ -1,0 +1,172 @@
+// nn.h — sharding-aware ops (Linear, Embedding, LayerNorm, Conv2d) and the models built only from them
+// (GPT, MLP, CNN). Each op is a custom autograd Function: forward materializes its weights, computes,
+// releases; backward materializes again, computes the input gradient, accumulates the weight gradients into
+// the ShardedParams and tells them the gradient is ready, releases.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "slimshard/shard.h"
+
+namespace torch::autograd {
+struct AutogradContext;
+}
+
+namespace slimshard {
+
+// Owns the ShardedParams of a model, in creation order.
+class ParamSet {
+ public:
+  ShardedParam* add(std::string name, const at::Tensor& init, bool decay);
+  const std::vector<ShardedParam*>& all() const { return view_; }
+  ShardedParam* find(const std::string& name) const;
+  int64_t numel() const;
+
+ private:
+  std::vector<std::unique_ptr<ShardedParam>> owned_;
+  std::vector<ShardedParam*> view_;
+};
+
+// Base of every sharding-aware op: a stable dotted name (the key of plans and checkpoints), its params, and
+// an anchor — a leaf tensor that requires grad, passed to the autograd Function as an input so that its
+// backward runs even where the activations need no gradient (an embedding of token ids).
+class Op {
+ public:
+  explicit Op(std::string name);
+  virtual ~Op() = default;
+  const std::string& name() const { return name_; }
+  const std::vector<ShardedParam*>& params() const { return params_; }
+  const at::Tensor& anchor() const { return anchor_; }
+  virtual std::string kind() const = 0;
+
+  // Called by the autograd Function (see ops.cpp).
+  virtual at::Tensor forward_impl(torch::autograd::AutogradContext* ctx, const at::Tensor& x) = 0;
+  virtual at::Tensor backward_impl(torch::autograd::AutogradContext* ctx, const at::Tensor& dy) = 0;
+
+ protected:
+  std::string name_;
+  std::vector<ShardedParam*> params_;
+  at::Tensor anchor_;
+};
+
+// Parameter initialisation, from one generator shared by the whole model so that every rank draws the same.
+struct Init {
+  enum Kind { normal, uniform_fan_in, ones, zeros } kind;
+  double std = 0.02;  // for normal
+};
+
+class Linear : public Op {
+ public:
+  Linear(ParamSet& ps, std::string name, int64_t in, int64_t out, bool bias, at::Generator& gen, Init w_init);
+  at::Tensor operator()(const at::Tensor& x);
+  std::string kind() const override { return "linear"; }
+  at::Tensor forward_impl(torch::autograd::AutogradContext* ctx, const at::Tensor& x) override;
+  at::Tensor backward_impl(torch::autograd::AutogradContext* ctx, const at::Tensor& dy) override;
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+ private:
+  int64_t in_, out_;
+  ShardedParam* w_;
+  ShardedParam* b_ = nullptr;
+};
+
+class Embedding : public Op {
+ public:
+  Embedding(ParamSet& ps, std::string name, int64_t num, int64_t dim, at::Generator& gen, double std);
+  at::Tensor operator()(const at::Tensor& ids);
+  std::string kind() const override { return "embedding"; }
+  at::Tensor forward_impl(torch::autograd::AutogradContext* ctx, const at::Tensor& ids) override;
+  at::Tensor backward_impl(torch::autograd::AutogradContext* ctx, const at::Tensor& dy) override;
+
+ private:
+  int64_t num_, dim_;
+  ShardedParam* w_;
+};
+
+class LayerNorm : public Op {
+ public:
+  LayerNorm(ParamSet& ps, std::string name, int64_t dim, double eps = 1e-5);
+  at::Tensor operator()(const at::Tensor& x);
+  std::string kind() const override { return "layernorm"; }
+  at::Tensor forward_impl(torch::autograd::AutogradContext* ctx, const at::Tensor& x) override;
+  at::Tensor backward_impl(torch::autograd::AutogradContext* ctx, const at::Tensor& dy) override;
+
+ private:
+  int64_t dim_;
+  double eps_;
+  ShardedParam* w_;
+  ShardedParam* b_;
+};
+
+class Conv2d : public Op {
+ public:
+  Conv2d(ParamSet& ps, std::string name, int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride,
+         int64_t padding, at::Generator& gen);
+  at::Tensor operator()(const at::Tensor& x);
+  std::string kind() const override { return "conv2d"; }
+  at::Tensor forward_impl(torch::autograd::AutogradContext* ctx, const at::Tensor& x) override;
+  at::Tensor backward_impl(torch::autograd::AutogradContext* ctx, const at::Tensor& dy) override;
+
+ private:
+  int64_t out_ch_, stride_, padding_;
+  ShardedParam* w_;
+  ShardedParam* b_;
+};
+
+// The shape of a model. arch: gpt | mlp | cnn.
+struct ModelConfig {
+  std::string arch = "gpt";
+  std::string preset;  // the preset it came from, if any
+  int64_t n_layer = 4, n_head = 4, n_embd = 256, seq_len = 128, vocab = 256;
+  int64_t image = 28, classes = 10, hidden = 256;
+
+  bool is_classifier() const { return arch != "gpt"; }
+  // Throws UsageError naming the offending field.
+  void validate() const;
+  nlohmann::json to_json() const;
+  static ModelConfig from_json(const nlohmann::json& j, const std::string& what);
+  // gpt-tiny, gpt-small, gpt-25m, gpt2-124m, gpt, mlp, cnn. Throws UsageError for anything else.
+  static ModelConfig preset_config(const std::string& name);
+  std::string describe() const;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  // GPT: ids [B,T] int64 -> logits [B,T,V]. Classifiers: images [B,1,28,28] -> logits [B,classes].
+  virtual at::Tensor logits(const at::Tensor& x) = 0;
+  // Mean cross-entropy over all targets.
+  at::Tensor loss(const at::Tensor& x, const at::Tensor& y);
+
+  const ModelConfig& config() const { return config_; }
+  ParamSet& params() { return params_; }
+  const std::vector<Op*>& ops() const { return op_view_; }
+  Op* find_op(const std::string& name) const;
+
+ protected:
+  explicit Model(ModelConfig c) : config_(std::move(c)) {}
+  template <class T, class... Args>
+  T* add_op(Args&&... args) {
+    auto op = std::make_unique<T>(params_, std::forward<Args>(args)...);
+    T* raw = op.get();
+    op_view_.push_back(raw);
+    ops_.push_back(std::move(op));
+    return raw;
+  }
+  ModelConfig config_;
+  ParamSet params_;
+
+ private:
+  std::vector<std::unique_ptr<Op>> ops_;
+  std::vector<Op*> op_view_;
+};
+
+// Builds the model with weights drawn from `seed` (the same on every rank).
+std::unique_ptr<Model> build_model(const ModelConfig& config, uint64_t seed);
+
+}  // namespace slimshard

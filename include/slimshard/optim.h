@@ -1,0 +1,46 @@
+// optim.h — AdamW and SGD with momentum over ShardedParam shards (each rank updates the fp32 slice it owns),
+// the learning-rate schedule (linear warmup, cosine decay), and global-norm clipping helpers.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace slimshard {
+
+class ShardedParam;
+
+struct OptimConfig {
+  std::string name = "adamw";  // adamw | sgd
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.1;  // decoupled for AdamW; L2 added to the gradient for SGD (as torch.optim.SGD)
+  double momentum = 0.9;      // SGD
+};
+
+class Optimizer {
+ public:
+  explicit Optimizer(OptimConfig c);
+  // Updates each param's owned slice with its owned gradient slice. Same math as torch.optim.AdamW / SGD.
+  void step(const std::vector<ShardedParam*>& params, double lr);
+  int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
+  const OptimConfig& config() const { return c_; }
+  // Names of the state tensors kept per param (for memory estimates and checkpoints).
+  std::vector<std::string> state_names() const;
+
+ private:
+  OptimConfig c_;
+  int64_t t_ = 0;
+};
+
+// Linear warmup from 0 over `warmup` steps, then cosine decay to min_lr at step `total`.
+struct LrSchedule {
+  double lr = 1e-3, min_lr = 1e-4;
+  int64_t warmup = 0, total = 1;
+  double at(int64_t step) const;
+};
+
+// Sum of squares of the gradient slices this rank owns (the caller sums it across ranks where sharded).
+double grad_sq_sum(const std::vector<ShardedParam*>& params);
+void scale_grads(const std::vector<ShardedParam*>& params, double factor);
+
+}  // namespace slimshard

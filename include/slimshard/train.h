@@ -1,0 +1,62 @@
+// train.h — the training loop (Trainer), its options and summary, and text generation from a trained GPT.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "slimshard/data.h"
+#include "slimshard/nn.h"
+#include "slimshard/optim.h"
+
+namespace slimshard {
+
+struct TrainOptions {
+  ModelConfig model = ModelConfig::preset_config("gpt-small");
+  DataOptions data;
+  std::string strategy = "ddp";
+  int64_t steps = 300;
+  int64_t batch_size = 16;  // global, rows (sequences or images)
+  int64_t micro_batch = 0;  // rows per forward/backward on one rank; 0 = the whole per-rank slice
+  double lr = 1e-3;
+  double min_lr = -1;   // <0: lr / 10
+  int64_t warmup = -1;  // <0: min(100, steps / 10)
+  OptimConfig optim;
+  double clip = 1.0;  // global gradient-norm clip; 0 = off
+  uint64_t seed = 1337;
+  int64_t mem_limit = 0;  // bytes; 0 = none
+  std::string metrics_path;
+  int64_t eval_every = 0;  // 0 = only at the end
+  std::string save_model;  // full-weight model file written at the end
+  int64_t sample_tokens = 0;
+  std::string sample_prompt = "In the beginning";
+  int threads = 1;
+  bool verbose = false;
+  int64_t log_every = 0;  // plain progress lines every N steps when stderr is not a terminal; 0 = ~20 lines
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  int64_t params = 0;
+  double final_loss = 0;  // mean over the last 10 steps
+  double val_loss = -1, val_acc = -1;
+  double tokens_per_s = 0;  // global tokens (samples for classifiers) / median step time
+  double step_ms_median = 0;
+  int64_t peak_bytes = 0;
+  double wall_s = 0;
+  std::vector<double> losses;
+  std::string sample;
+};
+
+TrainSummary train(const TrainOptions& opts);
+
+struct GenerateOptions {
+  std::string prompt = "In the beginning";
+  int64_t tokens = 200;
+  double temperature = 0.8;
+  int64_t top_k = 40;
+  uint64_t seed = 1337;
+};
+// Samples from a byte-level GPT; returns prompt + continuation.
+std::string generate_text(Model& model, const GenerateOptions& opts);
+
+}  // namespace slimshard

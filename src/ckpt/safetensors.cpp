@@ -1,0 +1,161 @@
+// safetensors.cpp — the safetensors format: 8-byte little-endian header length, a JSON header mapping each
+// tensor name to {dtype, shape, data_offsets} (plus optional "__metadata__" of strings), then the raw bytes.
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "slimshard/ckpt.h"
+#include "slimshard/common.h"
+#include "slimshard/nn.h"
+
+namespace slimshard {
+namespace {
+
+struct DtypeName {
+  at::ScalarType type;
+  const char* name;
+};
+constexpr DtypeName kDtypes[] = {{at::kFloat, "F32"}, {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
+                                 {at::kLong, "I64"},  {at::kInt, "I32"},   {at::kByte, "U8"},
+                                 {at::kShort, "I16"}, {at::kDouble, "F64"}};
+
+const char* dtype_name(at::ScalarType t) {
+  for (const auto& d : kDtypes)
+    if (d.type == t) return d.name;
+  throw std::logic_error(std::string("safetensors: unsupported dtype ") + c10::toString(t));
+}
+
+bool dtype_from(const std::string& name, at::ScalarType* out) {
+  for (const auto& d : kDtypes)
+    if (name == d.name) return *out = d.type, true;
+  return false;
+}
+
+}  // namespace
+
+const at::Tensor* SafeTensorsFile::find(const std::string& name) const {
+  for (const auto& kv : tensors)
+    if (kv.first == name) return &kv.second;
+  return nullptr;
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> contiguous;
+  size_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    at::Tensor c = t.contiguous();
+    const size_t bytes = c.nbytes();
+    header[name] = {{"dtype", dtype_name(c.scalar_type())},
+                    {"shape", c.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    contiguous.push_back(c);
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // the format pads the header to 8 bytes with spaces
+  std::string out;
+  out.reserve(8 + h.size() + offset);
+  const uint64_t n = h.size();
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out += h;
+  for (const auto& c : contiguous) out.append(static_cast<const char*>(c.data_ptr()), c.nbytes());
+  write_file_atomic(path, out);
+}
+
+SafeTensorsFile load_safetensors(const std::string& path) {
+  const std::string raw = read_file(path, "safetensors file");
+  if (raw.size() < 8) throw UsageError(path + ": truncated (no safetensors header)");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i)
+    n |= static_cast<uint64_t>(static_cast<unsigned char>(raw[static_cast<size_t>(i)])) << (8 * i);
+  if (n > raw.size() - 8) throw UsageError(path + ": truncated (header of " + std::to_string(n) + " bytes)");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(raw.begin() + 8, raw.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(path + ": corrupt safetensors header (" + e.what() + ")");
+  }
+  if (!header.is_object()) throw UsageError(path + ": corrupt safetensors header (not an object)");
+  const size_t data_start = 8 + n, data_size = raw.size() - data_start;
+  SafeTensorsFile f;
+  std::vector<std::pair<size_t, std::string>> order;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      for (auto m = it->begin(); m != it->end(); ++m)
+        if (m->is_string()) f.metadata[m.key()] = m->get<std::string>();
+      continue;
+    }
+    const std::string& name = it.key();
+    at::ScalarType type;
+    std::vector<int64_t> shape;
+    size_t b = 0, e = 0;
+    try {
+      if (!dtype_from(it->at("dtype").get<std::string>(), &type))
+        throw UsageError(path + ": tensor " + name + ": unsupported dtype " + it->at("dtype").dump());
+      shape = it->at("shape").get<std::vector<int64_t>>();
+      b = it->at("data_offsets").at(0).get<size_t>();
+      e = it->at("data_offsets").at(1).get<size_t>();
+    } catch (const nlohmann::json::exception& ex) {
+      throw UsageError(path + ": tensor " + name + ": bad header entry (" + ex.what() + ")");
+    }
+    int64_t numel = 1;
+    for (int64_t d : shape) {
+      if (d < 0) throw UsageError(path + ": tensor " + name + ": negative dimension");
+      numel *= d;
+    }
+    const size_t want = static_cast<size_t>(numel) * c10::elementSize(type);
+    if (e < b || e - b != want)
+      throw UsageError(path + ": tensor " + name + ": data_offsets [" + std::to_string(b) + ", " +
+                       std::to_string(e) + ") do not match its shape and dtype (" + std::to_string(want) +
+                       " bytes)");
+    if (e > data_size)
+      throw UsageError(path + ": tensor " + name + ": truncated (needs bytes up to " + std::to_string(e) +
+                       ", file has " + std::to_string(data_size) + ")");
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
+    if (want) std::memcpy(t.data_ptr(), raw.data() + data_start + b, want);
+    order.emplace_back(b, name);
+    f.tensors.emplace_back(name, t);
+  }
+  // Keep file order (the JSON object is sorted by name).
+  std::vector<size_t> idx(order.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return order[a].first < order[b].first; });
+  NamedTensors sorted;
+  for (size_t i : idx) sorted.push_back(std::move(f.tensors[i]));
+  f.tensors = std::move(sorted);
+  return f;
+}
+
+void save_model_file(const std::string& path, Model& model) {
+  NamedTensors tensors;
+  for (ShardedParam* p : model.params().all()) tensors.emplace_back(p->name(), p->full_value());
+  save_safetensors(path, tensors,
+                   {{"format", "slimshard.model"}, {"slimshard.model", model.config().to_json().dump()}});
+}
+
+std::unique_ptr<Model> load_model_file(const std::string& path) {
+  SafeTensorsFile f = load_safetensors(path);
+  auto it = f.metadata.find("slimshard.model");
+  if (it == f.metadata.end())
+    throw UsageError(path + ": not a slimshard model file (no slimshard.model metadata)");
+  nlohmann::json cj;
+  try {
+    cj = nlohmann::json::parse(it->second);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(path + ": corrupt model config (" + e.what() + ")");
+  }
+  auto model = build_model(ModelConfig::from_json(cj, path), 0);
+  for (ShardedParam* p : model->params().all()) {
+    const at::Tensor* t = f.find(p->name());
+    if (!t) throw UsageError(path + ": tensor " + p->name() + " is missing");
+    if (t->sizes().vec() != p->shape())
+      throw UsageError(path + ": tensor " + p->name() + " has shape " + c10::str(t->sizes()) +
+                       ", model expects " + c10::str(at::IntArrayRef(p->shape())));
+    p->set_value(t->to(at::kFloat));
+  }
+  return model;
+}
+
+}  // namespace slimshard

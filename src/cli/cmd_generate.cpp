@@ -1,0 +1,48 @@
+// cmd_generate.cpp — `slimshard generate`: sample text from a model file written by `train --save-model`.
+#include <ATen/Parallel.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "commands.h"
+#include "slimshard/ckpt.h"
+#include "slimshard/common.h"
+#include "slimshard/train.h"
+
+namespace slimshard::cli {
+
+Runner add_generate(CLI::App& app) {
+  struct Flags {
+    std::string model_file;
+    GenerateOptions g;
+    int threads = 1;
+  };
+  auto f = std::make_shared<Flags>();
+  CLI::App* sub = app.add_subcommand("generate", "Sample text from a trained GPT");
+  sub->footer(
+      "Example:\n  slimshard train --model gpt-small --data kjv --save-model kjv.safetensors\n"
+      "  slimshard generate --model-file kjv.safetensors --prompt \"In the beginning\" --tokens 200");
+  sub->add_option("--model-file", f->model_file, "weights written by train --save-model")->required();
+  sub->add_option("--prompt", f->g.prompt, "text to continue")->capture_default_str();
+  sub->add_option("--tokens", f->g.tokens, "tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--temperature", f->g.temperature, "0 = greedy")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-k", f->g.top_k, "sample among the k likeliest (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--seed", f->g.seed, "sampling seed")->capture_default_str();
+  sub->add_option("--threads", f->threads, "LibTorch threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  return [f]() {
+    at::set_num_threads(f->threads);
+    auto model = load_model_file(f->model_file);
+    std::printf("%s\n", generate_text(*model, f->g).c_str());
+    return 0;
+  };
+}
+
+}  // namespace slimshard::cli

