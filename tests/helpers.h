@@ -30,9 +30,7 @@ inline CmdResult run(const std::string& cmd) {
   return r;
 }
 
-inline std::string bin() {
-  return SLIMSHARD_BIN;
-}
+inline std::string bin() { return SLIMSHARD_BIN; }
 
 // A fresh directory per test under the build tree.
 inline std::string scratch_dir() {

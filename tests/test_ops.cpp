@@ -10,9 +10,7 @@ using namespace slimshard;
 
 namespace {
 
-at::Generator gen(uint64_t seed) {
-  return at::detail::createCPUGenerator(seed);
-}
+at::Generator gen(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
 // Moves every param of `op` to double and returns reference leaves holding the same values.
 std::vector<at::Tensor> to_double(Op& op) {

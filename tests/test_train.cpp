@@ -3,11 +3,17 @@
 #include <gtest/gtest.h>
 
 #include "helpers.h"
+#include "slimshard/comm.h"
 #include "slimshard/train.h"
 
 using namespace slimshard;
 
 namespace {
+
+TrainSummary train(const TrainOptions& o) {
+  auto comm = Communicator::create({});  // a world of one: the test is not under mpirun
+  return slimshard::train(o, *comm);
+}
 
 TrainOptions tiny(int64_t steps) {
   TrainOptions o;

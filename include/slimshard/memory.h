@@ -20,6 +20,9 @@ int64_t live_bytes();
 int64_t peak_bytes();
 int64_t phase_peak_bytes(Phase p);
 int64_t allocation_count();
+// Free blocks of 256 KiB and more are kept for reuse (not counted as live); release_cache() returns them.
+int64_t cached_bytes();
+void release_cache();
 // Restarts peak tracking at the current live bytes (all phases).
 void reset_peaks();
 

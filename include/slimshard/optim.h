@@ -19,6 +19,8 @@ struct OptimConfig {
 class Optimizer {
  public:
   explicit Optimizer(OptimConfig c);
+  // Allocates the state of every param (zeros), so that it is sized once at start.
+  void init_state(const std::vector<ShardedParam*>& params);
   // Updates each param's owned slice with its owned gradient slice. Same math as torch.optim.AdamW / SGD.
   void step(const std::vector<ShardedParam*>& params, double lr);
   int64_t steps_taken() const { return t_; }

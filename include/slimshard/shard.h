@@ -11,6 +11,9 @@
 
 namespace slimshard {
 
+class Communicator;
+class Work;
+
 enum class Strategy { ddp, zero1, zero2, zero3 };
 const char* strategy_name(Strategy s);
 // Throws UsageError naming `what` for anything but ddp|zero1|zero2|zero3.
@@ -54,6 +57,8 @@ class ShardedParam {
 
   // Bytes this rank holds persistently for this param (params + grads + optimizer state).
   int64_t resident_bytes() const;
+  // Makes the gradient live in `flat` (numel() elements, e.g. a slice of a DDP bucket), zeroed.
+  void set_grad_storage(const at::Tensor& flat);
 
  private:
   std::string name_;
@@ -67,6 +72,48 @@ class ShardedParam {
   at::Tensor grad_full_;
   std::map<std::string, at::Tensor> optim_state_;
   std::function<void(ShardedParam&)> on_grad_ready_;
+};
+
+// Keeps a model's ShardedParams in step across ranks: identical initial weights (broadcast from rank 0), and
+// gradients averaged over ranks. DDP: gradients live in flat buckets (params in reverse order of creation,
+// the order backward produces them); a bucket's all-reduce is issued as soon as all its gradients exist,
+// while backward goes on, buckets always in the same order on every rank. No communication on non-final
+// micro-batches.
+class DataParallel {
+ public:
+  DataParallel(Communicator& comm, std::vector<ShardedParam*> params, int64_t bucket_bytes);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  void broadcast_from_rank0();
+  // Before each micro-batch's backward: `sync` on the last one (its gradients are reduced as they appear).
+  void begin_backward(bool sync);
+  // After the last backward: issues what is left, waits for every reduction.
+  void finish_backward();
+  // Sum of squared gradients over the whole model (for global-norm clipping), equal on every rank.
+  double grad_sq_sum();
+
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  int64_t bucket_buffer_bytes() const;
+
+ private:
+  struct Bucket {
+    at::Tensor flat;
+    std::vector<ShardedParam*> params;
+    int pending = 0;
+    std::shared_ptr<Work> work;
+  };
+  void on_grad_ready(ShardedParam& p);
+  void launch_ready_buckets();
+
+  Communicator& comm_;
+  std::vector<ShardedParam*> params_;
+  std::vector<Bucket> buckets_;
+  std::map<const ShardedParam*, int> bucket_of_;
+  std::map<const ShardedParam*, bool> produced_;
+  bool sync_ = false;
+  int next_launch_ = 0;
 };
 
 }  // namespace slimshard

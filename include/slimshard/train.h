@@ -10,6 +10,8 @@
 
 namespace slimshard {
 
+class Communicator;
+
 struct TrainOptions {
   ModelConfig model = ModelConfig::preset_config("gpt-small");
   DataOptions data;
@@ -32,6 +34,9 @@ struct TrainOptions {
   int threads = 1;
   bool verbose = false;
   int64_t log_every = 0;  // plain progress lines every N steps when stderr is not a terminal; 0 = ~20 lines
+  int64_t bucket_bytes = 25 << 20;  // DDP gradient bucket size
+  // Testing aid: "sleep:R:S", "exit:R:S" or "kill:R:S" makes rank R sleep, exit or SIGKILL itself at step S.
+  std::string fault;
 };
 
 struct TrainSummary {
@@ -43,11 +48,14 @@ struct TrainSummary {
   double step_ms_median = 0;
   int64_t peak_bytes = 0;
   double wall_s = 0;
+  int64_t comm_bytes = 0;         // sent by this rank over the run
+  bool weights_identical = true;  // checksum of the final weights equal on every rank
   std::vector<double> losses;
   std::string sample;
 };
 
-TrainSummary train(const TrainOptions& opts);
+// Runs on every rank of `comm` (a world of one without mpirun); rank 0 prints.
+TrainSummary train(const TrainOptions& opts, Communicator& comm);
 
 struct GenerateOptions {
   std::string prompt = "In the beginning";

@@ -15,6 +15,8 @@ struct TrainFlags {
   int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab = 0;
   std::string mem_limit;
   int64_t eval_rows = -1;
+  double bucket_mib = 25;
+  CommOptions comm;
   CLI::Option *o_layer, *o_head, *o_embd, *o_seq, *o_vocab;
 };
 
@@ -118,15 +120,22 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--cache-dir", o.data.cache_dir, "where --data kjv is cached (default ~/.cache/slimshard)");
   sub->add_flag("--verbose", o.verbose, "print every buffer sized at start");
+  sub->add_option("--bucket-mib", f->bucket_mib, "DDP gradient bucket size in MiB")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  add_comm_flags(sub, f->comm);
+  sub->add_option("--fault", o.fault,
+                  "testing aid: sleep|exit|kill:RANK:STEP makes that rank stall, exit or die");
 
   return [f]() {
     TrainOptions o = f->o;
     o.model = model_from_flags(*f);
     if (!f->mem_limit.empty()) o.mem_limit = parse_bytes(f->mem_limit, "--mem-limit");
     o.data.eval_rows = f->eval_rows >= 0 ? f->eval_rows : (o.model.is_classifier() ? 0 : 256);
+    o.bucket_bytes = static_cast<int64_t>(f->bucket_mib * (1 << 20));
     if (o.strategy != "ddp")
       throw UsageError("--strategy " + o.strategy + ": only ddp is available in this build");
-    train(o);
+    train(o, start_comm(f->comm));
     return 0;
   };
 }

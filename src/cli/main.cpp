@@ -4,7 +4,9 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <memory>
 
 #include "commands.h"
 #include "slimshard/common.h"
@@ -12,16 +14,49 @@
 
 namespace {
 
-std::string first_line(const std::string& s) {
-  return s.substr(0, s.find('\n'));
+std::unique_ptr<slimshard::Communicator> g_comm;
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// Under mpirun every rank parses the same flags: only rank 0 reports a usage error found before MPI starts.
+bool quiet_rank() {
+  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+  return r && std::string(r) != "0";
 }
 
 int fail(int code, const std::string& msg) {
-  std::fprintf(stderr, "slimshard: error: %s\n", first_line(msg).c_str());
+  const std::string line = "slimshard: error: " + first_line(msg);
+  // In a job of several ranks the others may be blocked in a collective: end the whole job.
+  if (g_comm && g_comm->world() > 1) g_comm->abort(line, code);
+  if (!quiet_rank()) std::fprintf(stderr, "%s\n", line.c_str());
   return code;
 }
 
 }  // namespace
+
+namespace slimshard::cli {
+
+Communicator& start_comm(const CommOptions& opts) {
+  if (!g_comm) g_comm = Communicator::create(opts);
+  memory::set_rank(g_comm->rank());
+  return *g_comm;
+}
+
+void add_comm_flags(CLI::App* sub, CommOptions& o) {
+  sub->add_option("--comm-timeout", o.timeout_s,
+                  "seconds a collective may take before the watchdog ends the job")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--comm-backend", o.backend,
+                  "auto (shared memory on one node, MPI across nodes) | shm | mpi")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "shm", "mpi"}));
+  sub->add_option_function<std::string>(
+      "--comm-buffer", [&o](const std::string& v) { o.shm_bytes = parse_bytes(v, "--comm-buffer"); },
+      "shared-memory staging per rank (default 16MiB)");
+}
+
+}  // namespace slimshard::cli
 
 int main(int argc, char** argv) {
   using namespace slimshard;
@@ -46,10 +81,16 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     return fail(2, std::string(e.what()) + " (see --help)");
+  } catch (const UsageError& e) {
+    return fail(2, e.what());
   }
   try {
     for (auto& [name, run] : runners)
-      if (app.get_subcommand(name)->parsed()) return run();
+      if (app.get_subcommand(name)->parsed()) {
+        const int rc = run();
+        g_comm.reset();  // joins the comm thread, MPI_Finalize
+        return rc;
+      }
     return fail(2, "no subcommand");
   } catch (const UsageError& e) {
     return fail(2, e.what());

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 #include "slimshard/common.h"
@@ -17,6 +18,14 @@ namespace {
 
 constexpr size_t kHeader = 64;
 constexpr int kPhases = static_cast<int>(Phase::count);
+constexpr size_t kCacheMin = 256 << 10;  // smaller blocks: glibc's own bins are fast enough
+constexpr size_t kCacheGrain = 64 << 10;
+
+// A block's header: bytes the tensor asked for (counted as live) and bytes the block holds (its cache size).
+struct BlockHeader {
+  int64_t asked;
+  int64_t capacity;
+};
 
 std::atomic<int64_t> g_live{0};
 std::atomic<int64_t> g_peak{0};
@@ -31,6 +40,32 @@ thread_local const char* t_op = nullptr;
 std::mutex g_msg_mutex;
 std::string g_limit_msg;
 
+// Free large blocks by capacity. A request takes the smallest cached block of at least its size, if that
+// block is at most 1/8 larger.
+std::mutex g_cache_mutex;
+std::multimap<size_t, void*> g_cache;
+std::atomic<int64_t> g_cached{0};
+std::atomic<int64_t> g_cache_cap{int64_t(4) << 30};
+
+void* take_cached(size_t capacity) {
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  auto it = g_cache.lower_bound(capacity);
+  if (it == g_cache.end() || it->first > capacity + capacity / 8) return nullptr;
+  void* base = it->second;
+  g_cached.fetch_sub(static_cast<int64_t>(it->first), std::memory_order_relaxed);
+  g_cache.erase(it);
+  return base;
+}
+
+bool put_cached(void* base, size_t capacity) {
+  if (g_cached.load(std::memory_order_relaxed) + static_cast<int64_t>(capacity) > g_cache_cap.load())
+    return false;
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  g_cache.emplace(capacity, base);
+  g_cached.fetch_add(static_cast<int64_t>(capacity), std::memory_order_relaxed);
+  return true;
+}
+
 void raise_to(std::atomic<int64_t>& peak, int64_t v) {
   int64_t p = peak.load(std::memory_order_relaxed);
   while (v > p && !peak.compare_exchange_weak(p, v, std::memory_order_relaxed)) {
@@ -42,8 +77,10 @@ void raise_to(std::atomic<int64_t>& peak, int64_t v) {
 void free_tracked(void* data) {
   if (data == nullptr) return;
   void* base = static_cast<char*>(data) - kHeader;
-  int64_t n = *static_cast<int64_t*>(base);
-  g_live.fetch_sub(n, std::memory_order_relaxed);
+  const BlockHeader h = *static_cast<BlockHeader*>(base);
+  g_live.fetch_sub(h.asked, std::memory_order_relaxed);
+  if (static_cast<size_t>(h.capacity) >= kCacheMin && put_cached(base, static_cast<size_t>(h.capacity)))
+    return;
   std::free(base);
 }
 
@@ -82,13 +119,18 @@ struct TrackingAllocator final : c10::Allocator {
       g_live.fetch_sub(bytes, std::memory_order_relaxed);
       throw_limit(bytes, live - bytes);
     }
-    void* base = nullptr;
-    if (posix_memalign(&base, kHeader, n + kHeader) != 0) {
-      g_live.fetch_sub(bytes, std::memory_order_relaxed);
-      throw RuntimeError("[rank " + std::to_string(g_rank.load()) + "] host out of memory allocating " +
-                         format_bytes(static_cast<double>(n)));
+    const size_t capacity = n >= kCacheMin ? (n + kCacheGrain - 1) / kCacheGrain * kCacheGrain : n;
+    void* base = capacity >= kCacheMin ? take_cached(capacity) : nullptr;
+    if (!base && posix_memalign(&base, kHeader, capacity + kHeader) != 0) {
+      release_cache();
+      if (posix_memalign(&base, kHeader, capacity + kHeader) != 0) {
+        g_live.fetch_sub(bytes, std::memory_order_relaxed);
+        throw RuntimeError("[rank " + std::to_string(g_rank.load()) + "] host out of memory allocating " +
+                           format_bytes(static_cast<double>(n)));
+      }
     }
-    *static_cast<int64_t*>(base) = bytes;
+    const int64_t cap = static_cast<int64_t>(capacity);
+    *static_cast<BlockHeader*>(base) = BlockHeader{bytes, cap};
     g_count.fetch_add(1, std::memory_order_relaxed);
     raise_to(g_peak, live);
     raise_to(g_phase_peak[g_phase.load(std::memory_order_relaxed)], live);
@@ -131,20 +173,18 @@ void install() {
   c10::SetCPUAllocator(&g_allocator, /*priority=*/100);
 }
 
-bool installed() {
-  return g_installed.load();
-}
-int64_t live_bytes() {
-  return g_live.load();
-}
-int64_t peak_bytes() {
-  return g_peak.load();
-}
-int64_t phase_peak_bytes(Phase p) {
-  return g_phase_peak[static_cast<int>(p)].load();
-}
-int64_t allocation_count() {
-  return g_count.load();
+bool installed() { return g_installed.load(); }
+int64_t live_bytes() { return g_live.load(); }
+int64_t peak_bytes() { return g_peak.load(); }
+int64_t phase_peak_bytes(Phase p) { return g_phase_peak[static_cast<int>(p)].load(); }
+int64_t allocation_count() { return g_count.load(); }
+int64_t cached_bytes() { return g_cached.load(); }
+
+void release_cache() {
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  for (auto& kv : g_cache) std::free(kv.second);
+  g_cache.clear();
+  g_cached.store(0);
 }
 
 void reset_peaks() {
@@ -154,15 +194,9 @@ void reset_peaks() {
   g_phase_peak[g_phase.load()].store(live);
 }
 
-void set_limit(int64_t bytes) {
-  g_limit.store(bytes);
-}
-int64_t limit() {
-  return g_limit.load();
-}
-void set_rank(int rank) {
-  g_rank.store(rank);
-}
+void set_limit(int64_t bytes) { g_limit.store(bytes); }
+int64_t limit() { return g_limit.load(); }
+void set_rank(int rank) { g_rank.store(rank); }
 
 std::string limit_error_message() {
   std::lock_guard<std::mutex> lock(g_msg_mutex);
@@ -172,15 +206,9 @@ std::string limit_error_message() {
 PhaseScope::PhaseScope(Phase p) : prev_(static_cast<Phase>(g_phase.exchange(static_cast<int>(p)))) {
   raise_to(g_phase_peak[static_cast<int>(p)], g_live.load());
 }
-PhaseScope::~PhaseScope() {
-  g_phase.store(static_cast<int>(prev_));
-}
+PhaseScope::~PhaseScope() { g_phase.store(static_cast<int>(prev_)); }
 
-OpScope::OpScope(const std::string& name) : prev_(t_op) {
-  t_op = name.c_str();
-}
-OpScope::~OpScope() {
-  t_op = prev_;
-}
+OpScope::OpScope(const std::string& name) : prev_(t_op) { t_op = name.c_str(); }
+OpScope::~OpScope() { t_op = prev_; }
 
 }  // namespace slimshard::memory

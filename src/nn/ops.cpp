@@ -103,9 +103,7 @@ Linear::Linear(ParamSet& ps, std::string name, int64_t in, int64_t out, bool bia
   }
 }
 
-at::Tensor Linear::operator()(const at::Tensor& x) {
-  return apply_op(*this, x);
-}
+at::Tensor Linear::operator()(const at::Tensor& x) { return apply_op(*this, x); }
 
 at::Tensor Linear::forward_impl(AutogradContext* ctx, const at::Tensor& x) {
   ctx->save_for_backward({x});
@@ -140,9 +138,7 @@ Embedding::Embedding(ParamSet& ps, std::string name, int64_t num, int64_t dim, a
   params_.push_back(w_);
 }
 
-at::Tensor Embedding::operator()(const at::Tensor& ids) {
-  return apply_op(*this, ids);
-}
+at::Tensor Embedding::operator()(const at::Tensor& ids) { return apply_op(*this, ids); }
 
 at::Tensor Embedding::forward_impl(AutogradContext* ctx, const at::Tensor& ids) {
   ctx->save_for_backward({ids});
@@ -166,9 +162,7 @@ LayerNorm::LayerNorm(ParamSet& ps, std::string name, int64_t dim, double eps)
   params_ = {w_, b_};
 }
 
-at::Tensor LayerNorm::operator()(const at::Tensor& x) {
-  return apply_op(*this, x);
-}
+at::Tensor LayerNorm::operator()(const at::Tensor& x) { return apply_op(*this, x); }
 
 at::Tensor LayerNorm::forward_impl(AutogradContext* ctx, const at::Tensor& x) {
   auto out = at::native_layer_norm(x, {dim_}, w_->materialize(), b_->materialize(), eps_);
@@ -201,9 +195,7 @@ Conv2d::Conv2d(ParamSet& ps, std::string name, int64_t in_ch, int64_t out_ch, in
   params_ = {w_, b_};
 }
 
-at::Tensor Conv2d::operator()(const at::Tensor& x) {
-  return apply_op(*this, x);
-}
+at::Tensor Conv2d::operator()(const at::Tensor& x) { return apply_op(*this, x); }
 
 at::Tensor Conv2d::forward_impl(AutogradContext* ctx, const at::Tensor& x) {
   ctx->save_for_backward({x});

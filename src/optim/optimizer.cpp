@@ -17,6 +17,14 @@ std::vector<std::string> Optimizer::state_names() const {
   return c_.momentum != 0 ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
 }
 
+void Optimizer::init_state(const std::vector<ShardedParam*>& params) {
+  for (ShardedParam* p : params)
+    for (const std::string& name : state_names()) {
+      at::Tensor& t = p->optim_state()[name];
+      if (!t.defined()) t = at::zeros_like(p->master());
+    }
+}
+
 void Optimizer::step(const std::vector<ShardedParam*>& params, double lr) {
   at::NoGradGuard no_grad;
   ++t_;

@@ -32,27 +32,19 @@ ShardedParam::ShardedParam(std::string name, const at::Tensor& init, bool decay)
   set_value(init);
 }
 
-at::Tensor ShardedParam::materialize() {
-  return full_;
-}
+at::Tensor ShardedParam::materialize() { return full_; }
 
 void ShardedParam::release() {}
 
-at::Tensor ShardedParam::grad_buffer() {
-  return grad_full_;
-}
+at::Tensor ShardedParam::grad_buffer() { return grad_full_; }
 
 void ShardedParam::grad_ready() {
   if (on_grad_ready_) on_grad_ready_(*this);
 }
 
-void ShardedParam::zero_grad() {
-  grad_full_.zero_();
-}
+void ShardedParam::zero_grad() { grad_full_.zero_(); }
 
-at::Tensor ShardedParam::full_value() {
-  return full_.clone();
-}
+at::Tensor ShardedParam::full_value() { return full_.clone(); }
 
 void ShardedParam::set_value(const at::Tensor& full) {
   if (full.sizes().vec() != shape_)
@@ -68,6 +60,14 @@ void ShardedParam::set_value(const at::Tensor& full) {
   master_ = full_.view({-1});
   grad_full_ = at::zeros_like(full_);
   grad_ = grad_full_.view({-1});
+}
+
+void ShardedParam::set_grad_storage(const at::Tensor& flat) {
+  if (flat.numel() != numel_ || flat.scalar_type() != full_.scalar_type())
+    throw std::logic_error("set_grad_storage: " + name_ + ": wrong size or dtype");
+  grad_ = flat;
+  grad_.zero_();
+  grad_full_ = flat.view(shape_);
 }
 
 int64_t ShardedParam::resident_bytes() const {

@@ -1,14 +1,18 @@
 // trainer.cpp — the step loop: per-rank slices of a deterministic global batch, micro-batches with gradient
 // accumulation, global-norm clipping, the optimizer over owned shards, evaluation, metrics and progress.
 #include <ATen/Parallel.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <thread>
 
 #include "progress.h"
 #include "slimshard/ckpt.h"
+#include "slimshard/comm.h"
 #include "slimshard/common.h"
 #include "slimshard/memory.h"
 #include "slimshard/train.h"
@@ -17,9 +21,7 @@ namespace slimshard {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -31,9 +33,49 @@ struct EvalResult {
   double loss = 0, acc = -1;
 };
 
+// Where a step's time goes on this rank (ms): building the batch, forward, backward (with the gradient
+// reductions it overlaps), waiting for the reductions still running after backward, clipping + optimizer.
+struct StepTimes {
+  double data = 0, forward = 0, backward = 0, comm_wait = 0, optimizer = 0;
+};
+
+// FNV-1a over the bytes of every parameter: equal on two ranks only if their weights are bit-identical.
+int64_t weights_checksum(const std::vector<ShardedParam*>& params) {
+  uint64_t h = 1469598103934665603ull;
+  for (ShardedParam* p : params) {
+    at::Tensor t = p->master().contiguous();
+    const auto* b = static_cast<const unsigned char*>(t.data_ptr());
+    for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  return static_cast<int64_t>(h);
+}
+
+struct Fault {
+  std::string kind;
+  int rank = -1;
+  int64_t step = -1;
+};
+
+Fault parse_fault(const std::string& spec) {
+  Fault f;
+  if (spec.empty()) return f;
+  const size_t a = spec.find(':'), b = spec.find(':', a + 1);
+  try {
+    if (a == std::string::npos || b == std::string::npos) throw std::invalid_argument("format");
+    f.kind = spec.substr(0, a);
+    f.rank = std::stoi(spec.substr(a + 1, b - a - 1));
+    f.step = std::stoll(spec.substr(b + 1));
+  } catch (const std::exception&) {
+    throw UsageError("--fault: '" + spec + "' is not KIND:RANK:STEP");
+  }
+  if (f.kind != "sleep" && f.kind != "exit" && f.kind != "kill")
+    throw UsageError("--fault: unknown kind '" + f.kind + "' (expected sleep, exit or kill)");
+  return f;
+}
+
 class Trainer {
  public:
-  explicit Trainer(const TrainOptions& o) : o_(o) { setup(); }
+  Trainer(const TrainOptions& o, Communicator& comm) : o_(o), comm_(comm) { setup(); }
   TrainSummary run();
 
  private:
@@ -41,19 +83,27 @@ class Trainer {
   double train_step(int64_t step);
   EvalResult evaluate();
   void print_buffers();
+  void inject_fault(int64_t step);
 
   TrainOptions o_;
+  Communicator& comm_;
   int rank_ = 0, world_ = 1;
+  Fault fault_;
   int64_t local_rows_ = 0, micro_ = 0, accum_ = 0;
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optim_;
   LrSchedule schedule_;
   std::vector<ShardedParam*> params_;
+  std::unique_ptr<DataParallel> dp_;  // after model_: destroyed before the params it hooks
+  std::vector<StepTimes> step_times_;
   int64_t phase_peak_[static_cast<int>(memory::Phase::count)] = {};
 };
 
 void Trainer::setup() {
+  rank_ = comm_.rank();
+  world_ = comm_.world();
+  fault_ = parse_fault(o_.fault);
   o_.model.validate();
   if (o_.steps <= 0) throw UsageError("--steps: must be positive");
   if (o_.batch_size <= 0) throw UsageError("--batch-size: must be positive");
@@ -85,7 +135,10 @@ void Trainer::setup() {
   memory::PhaseScope phase(memory::Phase::init);
   model_ = build_model(o_.model, o_.seed);
   params_ = model_->params().all();
+  dp_ = std::make_unique<DataParallel>(comm_, params_, o_.bucket_bytes);
+  dp_->broadcast_from_rank0();
   optim_ = std::make_unique<Optimizer>(o_.optim);
+  optim_->init_state(params_);
   schedule_.lr = o_.lr;
   schedule_.min_lr = o_.min_lr >= 0 ? o_.min_lr : o_.lr / 10;
   schedule_.warmup = o_.warmup >= 0 ? o_.warmup : std::min<int64_t>(100, o_.steps / 10);
@@ -95,39 +148,80 @@ void Trainer::setup() {
 void Trainer::print_buffers() {
   int64_t p = 0, g = 0;
   for (ShardedParam* sp : params_) p += sp->master().nbytes(), g += sp->grad().nbytes();
-  std::fprintf(stderr,
-               "buffers (per rank, sized at start): params %s | grads %s | optimizer state: %zu x params\n",
-               format_bytes(p).c_str(), format_bytes(g).c_str(), optim_->state_names().size());
+  int64_t st = 0;
+  for (ShardedParam* sp : params_)
+    for (auto& kv : sp->optim_state()) st += kv.second.nbytes();
+  std::fprintf(
+      stderr,
+      "buffers (per rank, sized at start): params %s | grads %s in %d bucket(s) | optimizer state %s | "
+      "comm staging %s (%s, outside LibTorch)\n",
+      format_bytes(p).c_str(), format_bytes(g).c_str(), dp_->num_buckets(), format_bytes(st).c_str(),
+      format_bytes(comm_.staging_bytes()).c_str(), comm_.backend_name().c_str());
   for (ShardedParam* sp : params_)
     std::fprintf(stderr, "  %-28s %-16s %s\n", sp->name().c_str(),
                  c10::str(at::IntArrayRef(sp->shape())).c_str(), strategy_name(sp->strategy()));
 }
 
+void Trainer::inject_fault(int64_t step) {
+  if (fault_.rank != rank_ || fault_.step != step) return;
+  std::fprintf(stderr, "[rank %d] --fault: %s at step %lld\n", rank_, fault_.kind.c_str(), (long long)step);
+  std::fflush(stderr);
+  if (fault_.kind == "sleep") std::this_thread::sleep_for(std::chrono::hours(1));
+  if (fault_.kind == "exit") std::_Exit(3);
+  if (fault_.kind == "kill") std::raise(SIGKILL);
+}
+
 double Trainer::train_step(int64_t step) {
+  comm_.set_step(step);
+  inject_fault(step);
+  StepTimes times;
+  auto lap = Clock::now();
+  auto split = [&lap](double& into) {
+    const auto now = Clock::now();
+    into += std::chrono::duration<double, std::milli>(now - lap).count();
+    lap = now;
+  };
   for (ShardedParam* p : params_) p->zero_grad();
   double loss_sum = 0;
   for (int64_t m = 0; m < accum_; ++m) {
     const int64_t lo = rank_ * local_rows_ + m * micro_;
     Batch b = data_->train_rows(step, o_.batch_size, lo, lo + micro_);
+    split(times.data);
     at::Tensor loss;
     {
       memory::PhaseScope phase(memory::Phase::forward);
       loss = model_->loss(b.x, b.y);
     }
+    split(times.forward);
     {
       memory::PhaseScope phase(memory::Phase::backward);
+      dp_->begin_backward(/*sync=*/m == accum_ - 1);
       // Each micro-batch's mean is scaled by 1/accum so that the sum is the mean over the rank's slice.
       (accum_ > 1 ? loss / static_cast<double>(accum_) : loss).backward();
     }
     loss_sum += loss.item<double>();
+    split(times.backward);
   }
-  memory::PhaseScope phase(memory::Phase::optimizer);
-  if (o_.clip > 0) {
-    const double norm = std::sqrt(grad_sq_sum(params_));
-    if (norm > o_.clip) scale_grads(params_, o_.clip / (norm + 1e-6));
+  {
+    memory::PhaseScope phase(memory::Phase::comm);
+    dp_->finish_backward();
   }
-  optim_->step(params_, schedule_.at(step));
-  return loss_sum / static_cast<double>(accum_);
+  split(times.comm_wait);
+  // The loss reported is the mean over the global batch: every rank's mean, averaged.
+  at::Tensor mean_loss = at::full({1}, loss_sum / static_cast<double>(accum_), at::kDouble);
+  WorkPtr loss_work = comm_.all_reduce(mean_loss, ReduceOp::avg);
+  {
+    memory::PhaseScope phase(memory::Phase::optimizer);
+    if (o_.clip > 0) {
+      const double norm = std::sqrt(dp_->grad_sq_sum());
+      if (norm > o_.clip) scale_grads(params_, o_.clip / (norm + 1e-6));
+    }
+    optim_->step(params_, schedule_.at(step));
+  }
+  loss_work->wait();
+  split(times.optimizer);
+  step_times_.push_back(times);
+  return mean_loss.item<double>();
 }
 
 EvalResult Trainer::evaluate() {
@@ -144,9 +238,11 @@ EvalResult Trainer::evaluate() {
         at::cross_entropy_loss(flat, b.y.reshape({-1})).item<double>() * static_cast<double>(b.rows());
     if (data_->classification()) correct += flat.argmax(-1).eq(b.y.reshape({-1})).sum().item<double>();
   }
+  at::Tensor sums = at::tensor({loss_sum, correct}, at::kDouble);
+  comm_.all_reduce(sums)->wait();
   EvalResult r;
-  r.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, n));
-  if (data_->classification()) r.acc = correct / static_cast<double>(std::max<int64_t>(1, n));
+  r.loss = sums[0].item<double>() / static_cast<double>(std::max<int64_t>(1, n));
+  if (data_->classification()) r.acc = sums[1].item<double>() / static_cast<double>(std::max<int64_t>(1, n));
   return r;
 }
 
@@ -161,9 +257,10 @@ TrainSummary Trainer::run() {
     std::fprintf(
         stderr,
         "training: %lld steps, global batch %lld (%lld ranks x %lld micro-batches of %lld), strategy %s, "
-        "%s lr %g, %d thread(s)\n",
+        "%s lr %g, %d thread(s) per rank, %s communication\n",
         (long long)o_.steps, (long long)o_.batch_size, (long long)world_, (long long)accum_,
-        (long long)micro_, o_.strategy.c_str(), o_.optim.name.c_str(), o_.lr, o_.threads);
+        (long long)micro_, o_.strategy.c_str(), o_.optim.name.c_str(), o_.lr, o_.threads,
+        comm_.backend_name().c_str());
     if (o_.verbose) print_buffers();
   }
   std::unique_ptr<MetricsWriter> metrics_file;
@@ -177,9 +274,11 @@ TrainSummary Trainer::run() {
   const auto t_start = Clock::now();
   for (int64_t step = 0; step < o_.steps; ++step) {
     memory::reset_peaks();
+    const int64_t bytes0 = comm_.total_bytes();
     const auto t0 = Clock::now();
     const double loss = train_step(step);
     const double dt = seconds_since(t0);
+    const int64_t step_bytes = comm_.total_bytes() - bytes0;
     step_s.push_back(dt);
     s.losses.push_back(loss);
     const int64_t peak = memory::peak_bytes();
@@ -193,7 +292,7 @@ TrainSummary Trainer::run() {
     nlohmann::json rec{{"step", step + 1},         {"loss", loss},
                        {"lr", schedule_.at(step)}, {rate_key, units_per_step / dt},
                        {"step_ms", dt * 1e3},      {"peak_bytes", peak},
-                       {"comm_bytes", 0}};
+                       {"comm_bytes", step_bytes}};
     const bool eval_now = (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == o_.steps;
     if (eval_now) {
       EvalResult ev = evaluate();
@@ -228,8 +327,28 @@ TrainSummary Trainer::run() {
                 step_s.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(2, step_s.size() - 1)),
                 step_s.end()));
   s.tokens_per_s = units_per_step / (s.step_ms_median / 1e3);
+  s.comm_bytes = comm_.total_bytes();
+  // Every rank must end with the same weights: compare checksums.
+  at::Tensor sums = at::empty({world_}, at::kLong);
+  comm_.all_gather(sums, at::full({1}, weights_checksum(params_), at::kLong))->wait();
+  s.weights_identical = sums.eq(sums[0]).all().item<bool>();
+  if (!s.weights_identical && lead) std::fprintf(stderr, "warning: ranks ended with different weights\n");
 
   if (lead) {
+    nlohmann::json by_kind;
+    for (int c = 0; c < static_cast<int>(Collective::count); ++c)
+      by_kind[collective_name(static_cast<Collective>(c))] = comm_.bytes(static_cast<Collective>(c));
+    auto med = [&](double StepTimes::*f) {
+      std::vector<double> v;
+      for (size_t i = std::min<size_t>(2, step_times_.size() - 1); i < step_times_.size(); ++i)
+        v.push_back(step_times_[i].*f);
+      return median(v);
+    };
+    const nlohmann::json phase_ms{{"data", med(&StepTimes::data)},
+                                  {"forward", med(&StepTimes::forward)},
+                                  {"backward", med(&StepTimes::backward)},
+                                  {"comm_wait", med(&StepTimes::comm_wait)},
+                                  {"optimizer", med(&StepTimes::optimizer)}};
     nlohmann::json phases;
     for (int p = 0; p < static_cast<int>(memory::Phase::count); ++p)
       if (phase_peak_[p] > 0) phases[memory::phase_name(static_cast<memory::Phase>(p))] = phase_peak_[p];
@@ -239,12 +358,17 @@ TrainSummary Trainer::run() {
                        {rate_key, s.tokens_per_s},
                        {"step_ms", s.step_ms_median},
                        {"peak_bytes", s.peak_bytes},
-                       {"comm_bytes", 0},
+                       {"comm_bytes", s.comm_bytes},
+                       {"comm_bytes_per_step", s.comm_bytes / std::max<int64_t>(1, s.steps)},
+                       {"comm_bytes_by_kind", by_kind},
+                       {"weights_identical", s.weights_identical},
+                       {"weights_checksum", sums[0].item<int64_t>()},
                        {"val_loss", s.val_loss},
                        {"wall_s", s.wall_s},
                        {"params", s.params},
                        {"world", world_},
-                       {"phase_peak_bytes", phases}};
+                       {"phase_peak_bytes", phases},
+                       {"phase_ms", phase_ms}};
     if (classify) sum["val_acc"] = s.val_acc;
     if (metrics_file) metrics_file->write(sum);
     std::printf("summary: %lld steps in %.1f s | train loss %.4f | val loss %.4f", (long long)s.steps,
@@ -257,6 +381,15 @@ TrainSummary Trainer::run() {
         format_mib(static_cast<double>(phase_peak_[static_cast<int>(memory::Phase::forward)])).c_str(),
         format_mib(static_cast<double>(phase_peak_[static_cast<int>(memory::Phase::backward)])).c_str(),
         format_mib(static_cast<double>(phase_peak_[static_cast<int>(memory::Phase::optimizer)])).c_str());
+    std::printf(
+        "time per step on rank 0 (median ms): data %.1f, forward %.1f, backward %.1f, waiting for "
+        "gradient reductions %.1f, optimizer %.1f\n",
+        phase_ms["data"].get<double>(), phase_ms["forward"].get<double>(), phase_ms["backward"].get<double>(),
+        phase_ms["comm_wait"].get<double>(), phase_ms["optimizer"].get<double>());
+    if (world_ > 1)
+      std::printf("communication: %s per step per rank (%s backend); weights identical on all %d ranks: %s\n",
+                  format_bytes(static_cast<double>(s.comm_bytes) / static_cast<double>(s.steps)).c_str(),
+                  comm_.backend_name().c_str(), world_, s.weights_identical ? "yes" : "NO");
   }
   if (!o_.save_model.empty() && lead) {
     save_model_file(o_.save_model, *model_);
@@ -280,9 +413,9 @@ TrainSummary Trainer::run() {
 
 }  // namespace
 
-TrainSummary train(const TrainOptions& opts) {
+TrainSummary train(const TrainOptions& opts, Communicator& comm) {
   at::set_num_threads(std::max(1, opts.threads));
-  Trainer t(opts);
+  Trainer t(opts, comm);
   return t.run();
 }
 

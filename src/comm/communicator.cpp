@@ -1,0 +1,338 @@
+// communicator.cpp — the comm thread, Work handles, byte counting and the watchdog (see comm.h).
+// Under mpirun the comm thread initialises MPI, owns every MPI call of the process and runs queued
+// collectives in order; a watchdog thread aborts the job when one runs past the timeout. Without mpirun, a
+// world of one.
+#include <mpi.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "backend.h"
+#include "slimshard/common.h"
+
+namespace slimshard {
+
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::all_reduce:
+      return "all_reduce";
+    case Collective::all_gather:
+      return "all_gather";
+    case Collective::reduce_scatter:
+      return "reduce_scatter";
+    case Collective::broadcast:
+      return "broadcast";
+    case Collective::barrier:
+      return "barrier";
+    default:
+      return "?";
+  }
+}
+
+int64_t Communicator::total_bytes() const {
+  int64_t s = 0;
+  for (const auto& b : bytes_) s += b.load();
+  return s;
+}
+
+bool Communicator::launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
+}
+
+namespace {
+
+class WorkImpl final : public Work {
+ public:
+  void wait() override {
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool done() const override {
+    std::lock_guard<std::mutex> lock(m_);
+    return done_;
+  }
+  void finish(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(m_);
+    done_ = true;
+    error_ = std::move(e);
+    cv_.notify_all();
+  }
+
+ private:
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+void check_tensor(const at::Tensor& t, const char* what) {
+  if (!t.defined() || !t.is_contiguous() || !t.device().is_cpu())
+    throw std::logic_error(std::string(what) + ": needs a defined, contiguous CPU tensor");
+}
+
+// Bytes one rank sends in the bandwidth-optimal algorithm (see comm.h).
+int64_t ring_bytes(Collective c, int64_t bytes, int world) {
+  if (world <= 1) return 0;
+  switch (c) {
+    case Collective::all_reduce:
+      return 2 * (world - 1) * bytes / world;
+    case Collective::all_gather:
+    case Collective::reduce_scatter:
+      return (world - 1) * bytes / world;
+    case Collective::broadcast:
+      return bytes;
+    default:
+      return 0;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// A world of one: collectives are no-ops or copies, done at once.
+class LocalCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world() const override { return 1; }
+  std::string backend_name() const override { return "local"; }
+  WorkPtr all_reduce(at::Tensor t, ReduceOp) override { return done(Collective::all_reduce, t); }
+  WorkPtr all_gather(at::Tensor out, at::Tensor in) override {
+    if (out.numel() != in.numel()) throw std::logic_error("all_gather: output must be world × input");
+    out.copy_(in);
+    return done(Collective::all_gather, out);
+  }
+  WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp) override {
+    if (out.numel() != in.numel()) throw std::logic_error("reduce_scatter: input must be world × output");
+    out.copy_(in);
+    return done(Collective::reduce_scatter, in);
+  }
+  WorkPtr broadcast(at::Tensor t, int) override { return done(Collective::broadcast, t); }
+  WorkPtr barrier() override { return done(Collective::barrier, at::Tensor()); }
+  [[noreturn]] void abort(const std::string& msg, int code) override {
+    std::fprintf(stderr, "%s\n", msg.c_str());
+    std::fflush(stderr);
+    std::_Exit(code);
+  }
+
+ private:
+  WorkPtr done(Collective c, const at::Tensor&) {
+    count(c, 0);
+    auto w = std::make_shared<WorkImpl>();
+    w->finish(nullptr);
+    return w;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(const CommOptions& o) : opts_(o) {
+    // The promise is shared: the comm thread may still be inside set_value() when this constructor returns.
+    auto ready = std::make_shared<std::promise<void>>();
+    auto started = ready->get_future();
+    comm_thread_ = std::thread([this, ready] { comm_main(*ready); });
+    try {
+      started.get();
+    } catch (...) {
+      comm_thread_.join();
+      throw;
+    }
+    watchdog_ = std::thread([this] { watchdog_main(); });
+  }
+
+  ~MpiCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    cv_watchdog_.notify_all();
+    if (comm_thread_.joinable()) comm_thread_.join();
+    if (watchdog_.joinable()) watchdog_.join();
+  }
+
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  std::string backend_name() const override { return backend_name_; }
+  int64_t staging_bytes() const override { return buffer_bytes_; }
+
+  WorkPtr all_reduce(at::Tensor t, ReduceOp op) override {
+    check_tensor(t, "all_reduce");
+    return enqueue(Collective::all_reduce, t.nbytes(), [t, op](comm::Backend& b) { b.all_reduce(t, op); });
+  }
+  WorkPtr all_gather(at::Tensor out, at::Tensor in) override {
+    check_tensor(out, "all_gather");
+    check_tensor(in, "all_gather");
+    if (out.numel() != in.numel() * world_ || out.scalar_type() != in.scalar_type())
+      throw std::logic_error("all_gather: output must be world × input, same dtype");
+    return enqueue(Collective::all_gather, out.nbytes(),
+                   [out, in](comm::Backend& b) { b.all_gather(out, in); });
+  }
+  WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op) override {
+    check_tensor(out, "reduce_scatter");
+    check_tensor(in, "reduce_scatter");
+    if (in.numel() != out.numel() * world_ || out.scalar_type() != in.scalar_type())
+      throw std::logic_error("reduce_scatter: input must be world × output, same dtype");
+    return enqueue(Collective::reduce_scatter, in.nbytes(),
+                   [out, in, op](comm::Backend& b) { b.reduce_scatter(out, in, op); });
+  }
+  WorkPtr broadcast(at::Tensor t, int root) override {
+    check_tensor(t, "broadcast");
+    return enqueue(Collective::broadcast, t.nbytes(), [t, root](comm::Backend& b) { b.broadcast(t, root); });
+  }
+  WorkPtr barrier() override {
+    return enqueue(Collective::barrier, 0, [](comm::Backend& b) { b.barrier(); });
+  }
+
+  [[noreturn]] void abort(const std::string& msg, int code) override {
+    std::fprintf(stderr, "[rank %d] %s\n", rank_, msg.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+ private:
+  struct Task {
+    Collective kind;
+    int64_t bytes;
+    std::function<void(comm::Backend&)> run;
+    std::shared_ptr<WorkImpl> work;
+  };
+
+  WorkPtr enqueue(Collective kind, int64_t bytes, std::function<void(comm::Backend&)> run) {
+    count(kind, ring_bytes(kind, bytes, world_));
+    auto work = std::make_shared<WorkImpl>();
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      queue_.push_back(Task{kind, bytes, std::move(run), work});
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+  void comm_main(std::promise<void>& ready) {
+    std::unique_ptr<comm::Backend> backend;
+    MPI_Comm comm = MPI_COMM_NULL;
+    try {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+      // This thread makes every MPI call but MPI_Abort, which the watchdog may call while it is blocked.
+      if (provided < MPI_THREAD_MULTIPLE)
+        throw RuntimeError("MPI provides thread level " + std::to_string(provided) +
+                           ", slimshard needs MPI_THREAD_MULTIPLE (the watchdog aborts from its own thread)");
+      MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+      MPI_Comm_rank(comm, &rank_);
+      MPI_Comm_size(comm, &world_);
+      MPI_Comm node;
+      MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+      int node_size = 0;
+      MPI_Comm_size(node, &node_size);
+      MPI_Comm_free(&node);
+      const bool one_node = node_size == world_;
+      if (opts_.backend == "shm" && !one_node)
+        throw UsageError("--comm-backend shm: the ranks span several nodes; use mpi or auto");
+      if (opts_.backend == "shm" || (opts_.backend == "auto" && one_node))
+        backend = comm::make_shm_backend(comm, opts_.shm_bytes);
+      else
+        backend = comm::make_mpi_backend(comm);
+      backend_name_ = backend->name();
+      buffer_bytes_ = backend->buffer_bytes();
+      backend_ = backend.get();
+    } catch (...) {
+      ready.set_exception(std::current_exception());
+      if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+      int init = 0;
+      MPI_Initialized(&init);
+      if (init) MPI_Finalize();
+      return;
+    }
+    ready.set_value();
+
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) break;  // stop requested and nothing left
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      backend->publish_step(step_.load());
+      inflight_kind_.store(static_cast<int>(task.kind));
+      inflight_bytes_.store(task.bytes);
+      inflight_seq_.store(seq_);
+      inflight_start_ns_.store(now_ns());
+      std::exception_ptr err;
+      try {
+        task.run(*backend);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      inflight_start_ns_.store(0);
+      ++seq_;
+      task.work->finish(err);
+    }
+    backend_ = nullptr;
+    backend.reset();  // frees the shared window (collective)
+    MPI_Comm_free(&comm);
+    MPI_Finalize();
+  }
+
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  void watchdog_main() {
+    const auto limit_ns = static_cast<int64_t>(opts_.timeout_s * 1e9);
+    std::unique_lock<std::mutex> lock(m_);
+    while (!stop_) {
+      cv_watchdog_.wait_for(lock, std::chrono::milliseconds(100));
+      const int64_t start = inflight_start_ns_.load();
+      if (start == 0 || now_ns() - start < limit_ns) continue;
+      std::string msg = std::string("watchdog: ") +
+                        collective_name(static_cast<Collective>(inflight_kind_.load())) + " #" +
+                        std::to_string(inflight_seq_.load()) + " (" +
+                        format_bytes(static_cast<double>(inflight_bytes_.load())) + ", step " +
+                        std::to_string(step_.load()) + ") did not finish within " +
+                        std::to_string(static_cast<int64_t>(opts_.timeout_s)) + " s (--comm-timeout)";
+      comm::Backend* b = backend_;
+      const std::string who = b ? b->waiting_on() : std::string();
+      msg += who.empty() ? "; a rank stopped participating or died" : "; waiting on " + who;
+      lock.unlock();
+      abort(msg, 1);
+    }
+  }
+
+  CommOptions opts_;
+  int rank_ = 0, world_ = 1;
+  std::string backend_name_;
+  int64_t buffer_bytes_ = 0;
+  std::atomic<comm::Backend*> backend_{nullptr};
+  std::thread comm_thread_, watchdog_;
+  std::mutex m_;
+  std::condition_variable cv_, cv_watchdog_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+  int64_t seq_ = 0;
+  std::atomic<int> inflight_kind_{0};
+  std::atomic<int64_t> inflight_bytes_{0}, inflight_seq_{0}, inflight_start_ns_{0};
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> Communicator::create(const CommOptions& opts) {
+  if (opts.backend != "auto" && opts.backend != "shm" && opts.backend != "mpi")
+    throw UsageError("--comm-backend: unknown backend '" + opts.backend + "' (expected auto, shm or mpi)");
+  if (!(opts.timeout_s > 0)) throw UsageError("--comm-timeout: must be positive");
+  if (!launched_by_mpi()) return std::make_unique<LocalCommunicator>();
+  return std::make_unique<MpiCommunicator>(opts);
+}
+
+}  // namespace slimshard
