@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "slimshard/common.h"
 #include "slimshard/nn.h"
 
 using namespace slimshard;
@@ -66,6 +67,28 @@ TEST(Ops, LinearMatchesLibTorch) {
           return at::linear(t, w[0], bias ? w[1] : at::Tensor());
         });
   }
+}
+
+TEST(Ops, SplitLinearMatchesLibTorch) {
+  at::manual_seed(11);
+  auto g = gen(11);
+  for (int k : {2, 3}) {
+    ParamSet ps;
+    Linear lin(ps, "lin", 5, 12, true, g, Init{Init::normal, 0.5});
+    lin.set_splits(ps, k);
+    ASSERT_EQ(lin.params().size(), size_t(2 * k));
+    EXPECT_EQ(lin.params()[0]->name(), "lin.weight#0");
+    at::Tensor x = at::randn({4, 5}, at::kDouble);
+    check(
+        lin, x, [&](const at::Tensor& t) { return lin(t); },
+        [&](const at::Tensor& t, const std::vector<at::Tensor>& w) {
+          std::vector<at::Tensor> ws(w.begin(), w.begin() + k), bs(w.begin() + k, w.end());
+          return at::linear(t, at::cat(ws), at::cat(bs));
+        });
+  }
+  ParamSet ps;
+  Linear lin(ps, "lin", 5, 12, true, g, Init{Init::normal, 0.5});
+  EXPECT_THROW(lin.set_splits(ps, 5), UsageError);
 }
 
 TEST(Ops, EmbeddingMatchesLibTorch) {

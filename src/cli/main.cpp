@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "commands.h"
 #include "slimshard/common.h"
@@ -15,6 +16,7 @@
 namespace {
 
 std::unique_ptr<slimshard::Communicator> g_comm;
+std::vector<std::string> g_args;
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
@@ -35,6 +37,8 @@ int fail(int code, const std::string& msg) {
 }  // namespace
 
 namespace slimshard::cli {
+
+const std::vector<std::string>& raw_args() { return g_args; }
 
 Communicator& start_comm(const CommOptions& opts) {
   if (!g_comm) g_comm = Communicator::create(opts);
@@ -69,13 +73,15 @@ int main(int argc, char** argv) {
       "slimshard"};
   app.require_subcommand(1);
   app.footer("Run 'slimshard <subcommand> --help' for the flags of each subcommand.");
-  const cli::Runner train = cli::add_train(app);
-  const cli::Runner generate = cli::add_generate(app);
-  const std::map<std::string, cli::Runner> runners{{"train", train}, {"generate", generate}};
+  for (int i = 1; i < argc; ++i) g_args.emplace_back(argv[i]);
+  const std::map<std::string, cli::Runner> runners{{"train", cli::add_train(app)},
+                                                   {"generate", cli::add_generate(app)},
+                                                   {"memory", cli::add_memory(app)},
+                                                   {"bench", cli::add_bench(app)}};
 
   if (argc > 1 && argv[1][0] != '-' && !runners.count(argv[1]))
-    return fail(2,
-                std::string("unknown subcommand '") + argv[1] + "' (expected train or generate; see --help)");
+    return fail(2, std::string("unknown subcommand '") + argv[1] +
+                       "' (expected train, generate, memory or bench; see --help)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -103,12 +103,13 @@ class LocalCommunicator final : public Communicator {
   WorkPtr all_reduce(at::Tensor t, ReduceOp) override { return done(Collective::all_reduce, t); }
   WorkPtr all_gather(at::Tensor out, at::Tensor in) override {
     if (out.numel() != in.numel()) throw std::logic_error("all_gather: output must be world × input");
-    out.copy_(in);
+    if (out.data_ptr() != in.data_ptr()) out.copy_(in);
     return done(Collective::all_gather, out);
   }
-  WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp) override {
+  WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp, std::function<void()> then) override {
     if (out.numel() != in.numel()) throw std::logic_error("reduce_scatter: input must be world × output");
     out.copy_(in);
+    if (then) then();
     return done(Collective::reduce_scatter, in);
   }
   WorkPtr broadcast(at::Tensor t, int) override { return done(Collective::broadcast, t); }
@@ -173,13 +174,15 @@ class MpiCommunicator final : public Communicator {
     return enqueue(Collective::all_gather, out.nbytes(),
                    [out, in](comm::Backend& b) { b.all_gather(out, in); });
   }
-  WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op) override {
+  WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op, std::function<void()> then) override {
     check_tensor(out, "reduce_scatter");
     check_tensor(in, "reduce_scatter");
     if (in.numel() != out.numel() * world_ || out.scalar_type() != in.scalar_type())
       throw std::logic_error("reduce_scatter: input must be world × output, same dtype");
-    return enqueue(Collective::reduce_scatter, in.nbytes(),
-                   [out, in, op](comm::Backend& b) { b.reduce_scatter(out, in, op); });
+    return enqueue(Collective::reduce_scatter, in.nbytes(), [out, in, op, then](comm::Backend& b) {
+      b.reduce_scatter(out, in, op);
+      if (then) then();
+    });
   }
   WorkPtr broadcast(at::Tensor t, int root) override {
     check_tensor(t, "broadcast");

@@ -31,6 +31,7 @@ class MpiBackend final : public Backend {
  public:
   explicit MpiBackend(MPI_Comm comm) : comm_(comm) {
     MPI_Comm_size(comm_, &world_);
+    MPI_Comm_rank(comm_, &rank_);
     MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_);
   }
   ~MpiBackend() override { MPI_Op_free(&bf16_sum_op_); }
@@ -44,7 +45,12 @@ class MpiBackend final : public Backend {
   }
   void all_gather(const at::Tensor& out, const at::Tensor& in) override {
     const int n = as_count(in.nbytes(), "all_gather");
-    check(MPI_Allgather(in.data_ptr(), n, MPI_BYTE, out.data_ptr(), n, MPI_BYTE, comm_), "MPI_Allgather");
+    // MPI forbids aliasing send and receive buffers; a rank's own slot of `out` goes as MPI_IN_PLACE.
+    const bool in_place =
+        in.data_ptr() == static_cast<char*>(out.data_ptr()) + static_cast<int64_t>(rank_) * n;
+    check(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data_ptr(), n, MPI_BYTE, out.data_ptr(), n, MPI_BYTE,
+                        comm_),
+          "MPI_Allgather");
   }
   void reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
     auto [type, sum] = reduction(in.scalar_type());
@@ -74,7 +80,7 @@ class MpiBackend final : public Backend {
     }
   }
   MPI_Comm comm_;
-  int world_ = 1;
+  int world_ = 1, rank_ = 0;
   MPI_Op bf16_sum_op_;
 };
 

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "slimshard/common.h"
@@ -17,6 +18,8 @@ using torch::autograd::variable_list;
 
 namespace {
 
+std::function<void(const Op&)> g_forward_observer;
+
 // The anchor is an input only so that autograd runs backward; its own gradient is never produced (the weight
 // gradients go straight to the ShardedParams). The op pointer travels as an int64 because saved_data holds
 // IValues.
@@ -27,7 +30,9 @@ struct OpFunction : torch::autograd::Function<OpFunction> {
     Op* op = reinterpret_cast<Op*>(op_addr);
     ctx->saved_data["op"] = op_addr;
     memory::OpScope scope(op->name());
-    return op->forward_impl(ctx, x);
+    at::Tensor y = op->forward_impl(ctx, x);
+    if (g_forward_observer) g_forward_observer(*op);
+    return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Op* op = reinterpret_cast<Op*>(ctx->saved_data["op"].toInt());
@@ -73,6 +78,25 @@ ShardedParam* ParamSet::add(std::string name, const at::Tensor& init, bool decay
   return view_.back();
 }
 
+void set_forward_observer(std::function<void(const Op&)> observer) {
+  g_forward_observer = std::move(observer);
+}
+
+std::vector<ShardedParam*> ParamSet::replace(ShardedParam* old,
+                                             std::vector<std::unique_ptr<ShardedParam>> with) {
+  auto it = std::find(view_.begin(), view_.end(), old);
+  if (it == view_.end()) throw std::logic_error("replace: unknown parameter");
+  const auto at = it - view_.begin();
+  std::vector<ShardedParam*> added;
+  for (auto& p : with) added.push_back(p.get());
+  view_.erase(it);
+  view_.insert(view_.begin() + at, added.begin(), added.end());
+  owned_.erase(owned_.begin() + at);
+  for (size_t i = 0; i < with.size(); ++i)
+    owned_.insert(owned_.begin() + at + static_cast<std::ptrdiff_t>(i), std::move(with[i]));
+  return added;
+}
+
 ShardedParam* ParamSet::find(const std::string& name) const {
   for (auto* p : view_)
     if (p->name() == name) return p;
@@ -94,13 +118,39 @@ Op::Op(std::string name) : name_(std::move(name)) {
 Linear::Linear(ParamSet& ps, std::string name, int64_t in, int64_t out, bool bias, at::Generator& gen,
                Init w_init)
     : Op(std::move(name)), in_(in), out_(out) {
-  w_ = ps.add(name_ + ".weight", draw({out, in}, w_init, in, gen), /*decay=*/true);
-  params_.push_back(w_);
+  w_.push_back(ps.add(name_ + ".weight", draw({out, in}, w_init, in, gen), /*decay=*/true));
   if (bias) {
     Init b_init = w_init.kind == Init::uniform_fan_in ? w_init : Init{Init::zeros};
-    b_ = ps.add(name_ + ".bias", draw({out}, b_init, in, gen), /*decay=*/false);
-    params_.push_back(b_);
+    b_.push_back(ps.add(name_ + ".bias", draw({out}, b_init, in, gen), /*decay=*/false));
   }
+  params_ = w_;
+  params_.insert(params_.end(), b_.begin(), b_.end());
+}
+
+void Linear::set_splits(ParamSet& ps, int k) {
+  if (k < 1 || out_ % k != 0)
+    throw UsageError("op " + name_ + ": splits=" + std::to_string(k) + " does not divide its " +
+                     std::to_string(out_) + " output features");
+  if (k == splits()) return;
+  auto resplit = [&](std::vector<ShardedParam*>& blocks, const std::string& kind, bool decay) {
+    if (blocks.empty()) return;
+    std::vector<at::Tensor> parts;
+    for (ShardedParam* p : blocks) parts.push_back(p->full_value());
+    at::Tensor full = at::cat(parts, 0);
+    std::vector<std::unique_ptr<ShardedParam>> fresh;
+    const int64_t rows = out_ / k;
+    for (int j = 0; j < k; ++j)
+      fresh.push_back(std::make_unique<ShardedParam>(
+          k == 1 ? name_ + "." + kind : name_ + "." + kind + "#" + std::to_string(j),
+          full.slice(0, j * rows, (j + 1) * rows), decay));
+    // The first old block's place takes all new blocks; the others are dropped.
+    for (size_t i = 1; i < blocks.size(); ++i) ps.replace(blocks[i], {});
+    blocks = ps.replace(blocks[0], std::move(fresh));
+  };
+  resplit(w_, "weight", true);
+  resplit(b_, "bias", false);
+  params_ = w_;
+  params_.insert(params_.end(), b_.begin(), b_.end());
 }
 
 at::Tensor Linear::operator()(const at::Tensor& x) { return apply_op(*this, x); }
@@ -108,12 +158,28 @@ at::Tensor Linear::operator()(const at::Tensor& x) { return apply_op(*this, x); 
 at::Tensor Linear::forward_impl(AutogradContext* ctx, const at::Tensor& x) {
   ctx->save_for_backward({x});
   at::Tensor x2 = x.reshape({-1, in_});
-  at::Tensor w = w_->materialize();
-  at::Tensor y = b_ ? at::addmm(b_->materialize(), x2, w.t()) : at::mm(x2, w.t());
-  w_->release();
-  if (b_) b_->release();
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = out_;
+  if (splits() == 1) {
+    at::Tensor w = w_[0]->materialize();
+    at::Tensor y = b_.empty() ? at::mm(x2, w.t()) : at::addmm(b_[0]->materialize(), x2, w.t());
+    w_[0]->release();
+    if (!b_.empty()) b_[0]->release();
+    return y.view(shape);
+  }
+  const int64_t rows = out_ / splits();
+  at::Tensor y = at::empty({x2.size(0), out_}, x2.options());
+  for (int j = 0; j < splits(); ++j) {
+    at::Tensor w = w_[static_cast<size_t>(j)]->materialize();
+    at::Tensor part = y.narrow(1, j * rows, rows);
+    if (b_.empty()) {
+      part.copy_(at::mm(x2, w.t()));
+    } else {
+      part.copy_(at::addmm(b_[static_cast<size_t>(j)]->materialize(), x2, w.t()));
+      b_[static_cast<size_t>(j)]->release();
+    }
+    w_[static_cast<size_t>(j)]->release();
+  }
   return y.view(shape);
 }
 
@@ -121,14 +187,20 @@ at::Tensor Linear::backward_impl(AutogradContext* ctx, const at::Tensor& dy) {
   at::Tensor x = ctx->get_saved_variables()[0];
   at::Tensor x2 = x.reshape({-1, in_});
   at::Tensor dy2 = dy.reshape({-1, out_});
-  at::Tensor w = w_->materialize();
+  const bool need_dx = ctx->needs_input_grad(0);
+  const int64_t rows = out_ / splits();
   at::Tensor dx;
-  if (ctx->needs_input_grad(0)) dx = at::mm(dy2, w).view(x.sizes());
-  w_->grad_buffer().addmm_(dy2.t(), x2);
-  w_->release();
-  w_->grad_ready();
-  if (b_) accumulate(b_, dy2.sum(0));
-  return dx;
+  for (int j = 0; j < splits(); ++j) {
+    ShardedParam* wp = w_[static_cast<size_t>(j)];
+    at::Tensor dyj = splits() == 1 ? dy2 : dy2.narrow(1, j * rows, rows);
+    at::Tensor w = wp->materialize();
+    if (need_dx) dx = j == 0 ? at::mm(dyj, w) : dx.addmm_(dyj, w);
+    wp->grad_buffer().addmm_(dyj.t(), x2);
+    wp->release();
+    wp->grad_ready();
+    if (!b_.empty()) accumulate(b_[static_cast<size_t>(j)], dyj.sum(0));
+  }
+  return need_dx ? dx.view(x.sizes()) : dx;
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -1,20 +1,104 @@
-// data_parallel.cpp — DDP gradient synchronisation: flat buckets, all-reduce issued from the gradient hooks
-// while backward runs, in bucket order on every rank (see shard.h).
+// data_parallel.cpp — gradient synchronisation and parameter gathering for every strategy (see shard.h):
+// DDP buckets all-reduced from the backward hooks, ZeRO reduce-scatters, in-place all-gathers after the step,
+// and the zero3 prefetcher.
+#include <algorithm>
+
 #include "slimshard/comm.h"
 #include "slimshard/common.h"
 #include "slimshard/shard.h"
 
 namespace slimshard {
 
-DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params, int64_t bucket_bytes)
+// ---------------------------------------------------------------------------------------------------------------
+Prefetcher::Prefetcher(Communicator& comm, int depth) : comm_(comm), depth_(std::max(0, depth)) {}
+
+void Prefetcher::issue(size_t key, ShardedParam& p) {
+  Gathered g;
+  g.buf = at::empty({p.padded_numel()}, p.master().options());
+  g.work = comm_.all_gather(g.buf, p.master());
+  live_[key] = std::move(g);
+  max_live_ = std::max(max_live_, static_cast<int>(live_.size()));
+  ++gathers_;
+}
+
+// Issues the next recorded params, up to trace index `limit` (exclusive), while fewer than K+1 are live.
+void Prefetcher::fill(size_t limit) {
+  limit = std::min(limit, trace_.size());
+  while (issued_ < limit && static_cast<int>(live_.size()) < depth_ + 1) {
+    issue(issued_, *trace_[issued_]);
+    ++issued_;
+  }
+}
+
+at::Tensor Prefetcher::acquire(ShardedParam& p) {
+  bool follow = enabled_ && !recording_ && !broken_ && depth_ > 0;
+  if (follow && (pos_ >= trace_.size() || trace_[pos_] != &p)) {
+    // The order changed (it should not: same graph every pass). Stop prefetching rather than gather wrongly.
+    broken_ = true, follow = false;
+    std::fprintf(stderr, "[rank %d] warning: zero3 materialization order changed at %s; prefetch disabled\n",
+                 comm_.rank(), p.name().c_str());
+  }
+  size_t key;
+  if (follow) {
+    key = pos_;
+    if (issued_ <= pos_) issue(pos_, p), issued_ = pos_ + 1;
+    fill(pos_ + static_cast<size_t>(depth_) + 1);
+    ++pos_;
+  } else {
+    if (enabled_ && recording_) trace_.push_back(&p);
+    key = next_adhoc_++;
+    issue(key, p);
+  }
+  in_use_[&p].push_back(key);
+  Gathered& g = live_.at(key);
+  g.work->wait();
+  return g.buf;
+}
+
+void Prefetcher::release(ShardedParam& p) {
+  auto& keys = in_use_[&p];
+  if (keys.empty()) throw std::logic_error("release of " + p.name() + " without acquire");
+  live_.erase(keys.front());
+  keys.pop_front();
+  if (enabled_ && !recording_ && !broken_ && depth_ > 0) fill(pos_ + static_cast<size_t>(depth_));
+}
+
+void Prefetcher::end_pass() {
+  if (!enabled_) return;
+  recording_ = false;
+  pos_ = issued_ = 0;
+  // Gathers issued for positions the pass never reached (none when the order held) are dropped.
+  for (auto it = live_.begin(); it != live_.end();) {
+    it->second.work->wait();
+    it = it->first < trace_.size() ? live_.erase(it) : std::next(it);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params,
+                           const std::vector<Strategy>& strategies, const Options& o)
     : comm_(comm), params_(std::move(params)) {
-  // Reverse creation order: the last layers' gradients come first in backward.
-  std::vector<ShardedParam*> order(params_.rbegin(), params_.rend());
+  if (strategies.size() != params_.size()) throw std::logic_error("DataParallel: one strategy per param");
+  // Rank 0's initial weights, everywhere; then each rank keeps what its strategy says.
+  std::vector<WorkPtr> works;
+  for (ShardedParam* p : params_) works.push_back(comm_.broadcast(p->master(), 0));
+  for (auto& w : works) w->wait();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i]->shard(strategies[i], comm_.rank(), comm_.world());
+    if (strategies[i] != Strategy::ddp) any_sharded_ = true;
+    if (strategies[i] == Strategy::zero3) {
+      if (!prefetcher_) prefetcher_ = std::make_unique<Prefetcher>(comm_, o.prefetch);
+      params_[i]->set_gatherer(prefetcher_.get());
+    }
+  }
+  // DDP buckets: reverse creation order, the last layers' gradients come first in backward.
   std::vector<std::vector<ShardedParam*>> groups;
-  int64_t bytes = 0;
-  for (ShardedParam* p : order) {
+  int64_t bytes = o.bucket_bytes;
+  for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
+    ShardedParam* p = *it;
+    if (p->strategy() != Strategy::ddp) continue;
     const int64_t b = p->numel() * static_cast<int64_t>(p->master().element_size());
-    if (groups.empty() || (bytes + b > bucket_bytes && bytes > 0)) groups.emplace_back(), bytes = 0;
+    if (bytes + b > o.bucket_bytes && bytes > 0) groups.emplace_back(), bytes = 0;
     groups.back().push_back(p);
     bytes += b;
   }
@@ -36,38 +120,53 @@ DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params
 }
 
 DataParallel::~DataParallel() {
-  for (ShardedParam* p : params_) p->set_grad_ready_hook(nullptr);
+  for (ShardedParam* p : params_) p->set_grad_ready_hook(nullptr), p->set_gatherer(nullptr);
 }
 
-int64_t DataParallel::bucket_buffer_bytes() const {
-  int64_t b = 0;
-  for (const auto& k : buckets_) b += static_cast<int64_t>(k.flat.nbytes());
-  return b;
-}
-
-void DataParallel::broadcast_from_rank0() {
-  std::vector<WorkPtr> works;
-  for (ShardedParam* p : params_) works.push_back(comm_.broadcast(p->master(), 0));
-  for (auto& w : works) w->wait();
-}
-
-void DataParallel::begin_backward(bool sync) {
-  sync_ = sync;
-  if (!sync) return;
+void DataParallel::begin_backward(int64_t index, int64_t count) {
+  micro_index_ = index;
+  micro_count_ = count;
+  if (index != count - 1) return;
   next_launch_ = 0;
   for (auto& b : buckets_) b.pending = static_cast<int>(b.params.size()), b.work.reset();
   for (ShardedParam* p : params_) produced_[p] = false;
 }
 
 void DataParallel::on_grad_ready(ShardedParam& p) {
-  if (!sync_ || comm_.world() == 1) return;
+  const bool last = micro_index_ == micro_count_ - 1;
+  const Strategy s = p.strategy();
+  if (s == Strategy::zero2 || s == Strategy::zero3) {
+    // Every micro-batch: reduce-scatter now, free the full gradient once done. With accumulation the slice is
+    // added to the owned gradient on the comm thread.
+    at::Tensor full = p.take_full_grad_flat();
+    if (comm_.world() == 1 && micro_count_ == 1) {
+      p.grad().copy_(full);
+      return;
+    }
+    if (micro_count_ == 1) {
+      scatters_.push_back(comm_.reduce_scatter(p.grad(), full, ReduceOp::avg));
+    } else {
+      at::Tensor part = at::empty({p.shard_numel()}, full.options()), owned = p.grad();
+      scatters_.push_back(
+          comm_.reduce_scatter(part, full, ReduceOp::avg, [owned, part]() mutable { owned.add_(part); }));
+    }
+    // Bound the full gradients waiting in the queue (and the memory they hold).
+    while (scatters_.size() > 2) scatters_.front()->wait(), scatters_.pop_front();
+    return;
+  }
+  if (!last || comm_.world() == 1) {
+    if (s == Strategy::zero1 && last) p.grad().copy_(p.full_grad_flat());
+    return;
+  }
   bool& done = produced_[&p];
   if (done)
-    throw std::logic_error(
-        "parameter " + p.name() +
-        " produced its gradient twice in one backward; shared weights are not supported by DDP "
-        "buckets");
+    throw std::logic_error("parameter " + p.name() +
+                           " produced its gradient twice in one backward; shared weights are not supported");
   done = true;
+  if (s == Strategy::zero1) {
+    scatters_.push_back(comm_.reduce_scatter(p.grad(), p.full_grad_flat(), ReduceOp::avg));
+    return;
+  }
   Bucket& b = buckets_[static_cast<size_t>(bucket_of_.at(&p))];
   if (--b.pending == 0) launch_ready_buckets();
 }
@@ -80,20 +179,65 @@ void DataParallel::launch_ready_buckets() {
   }
 }
 
-void DataParallel::finish_backward() {
-  if (comm_.world() == 1) return;
-  // Gradients a step did not produce (unused params) are zero; their buckets still go, in order.
-  for (auto& b : buckets_) b.pending = 0;
-  launch_ready_buckets();
-  for (auto& b : buckets_)
-    if (b.work) b.work->wait();
-  sync_ = false;
+void DataParallel::end_backward(bool last) {
+  if (prefetcher_) prefetcher_->end_pass();
+  if (!last) return;
+  if (comm_.world() > 1) {
+    // Gradients a step did not produce (unused params) are zero; their buckets still go, in order.
+    for (auto& b : buckets_) b.pending = 0;
+    launch_ready_buckets();
+    for (auto& b : buckets_)
+      if (b.work) b.work->wait();
+  }
+  while (!scatters_.empty()) scatters_.front()->wait(), scatters_.pop_front();
 }
 
 double DataParallel::grad_sq_sum() {
-  double s = 0;
-  for (const auto& b : buckets_) s += b.flat.dot(b.flat).item<double>();
-  return s;
+  double replicated = 0;
+  for (const auto& b : buckets_) replicated += b.flat.dot(b.flat).item<double>();
+  if (!any_sharded_) return replicated;
+  at::Tensor sharded = at::zeros({1}, at::kDouble);
+  for (ShardedParam* p : params_)
+    if (p->strategy() != Strategy::ddp) sharded += p->grad().dot(p->grad()).to(at::kDouble);
+  comm_.all_reduce(sharded)->wait();
+  return replicated + sharded.item<double>();
+}
+
+void DataParallel::after_optimizer_step() {
+  std::vector<WorkPtr> works;
+  for (ShardedParam* p : params_)
+    if (p->strategy() == Strategy::zero1 || p->strategy() == Strategy::zero2)
+      works.push_back(comm_.all_gather(p->flat_param(), p->master()));
+  for (auto& w : works) w->wait();
+}
+
+void DataParallel::set_prefetch_enabled(bool on) {
+  if (prefetcher_) prefetcher_->set_enabled(on);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> DataParallel::full_values() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (ShardedParam* p : params_) {
+    if (p->strategy() != Strategy::zero3) {
+      out.emplace_back(p->name(), p->full_value());
+      continue;
+    }
+    at::Tensor buf = at::empty({p->padded_numel()}, p->master().options());
+    comm_.all_gather(buf, p->master())->wait();
+    out.emplace_back(p->name(), buf.slice(0, 0, p->numel()).view(p->shape()).clone());
+  }
+  return out;
+}
+
+int64_t DataParallel::replicated_checksum() {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (ShardedParam* p : params_) {
+    if (p->strategy() == Strategy::zero3) continue;
+    at::Tensor t = p->full_value().contiguous();
+    const auto* b = static_cast<const unsigned char*>(t.data_ptr());
+    for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  return static_cast<int64_t>(h);
 }
 
 }  // namespace slimshard

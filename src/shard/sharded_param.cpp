@@ -1,7 +1,6 @@
-// sharded_param.cpp — storage layout and lifecycle of one learnable tensor (see shard.h).
-#include "slimshard/shard.h"
-
+// sharded_param.cpp — storage layout and lifecycle of one learnable tensor under each strategy (see shard.h).
 #include "slimshard/common.h"
+#include "slimshard/shard.h"
 
 namespace slimshard {
 
@@ -32,46 +31,107 @@ ShardedParam::ShardedParam(std::string name, const at::Tensor& init, bool decay)
   set_value(init);
 }
 
-at::Tensor ShardedParam::materialize() { return full_; }
-
-void ShardedParam::release() {}
-
-at::Tensor ShardedParam::grad_buffer() { return grad_full_; }
-
-void ShardedParam::grad_ready() {
-  if (on_grad_ready_) on_grad_ready_(*this);
-}
-
-void ShardedParam::zero_grad() { grad_full_.zero_(); }
-
-at::Tensor ShardedParam::full_value() { return full_.clone(); }
-
 void ShardedParam::set_value(const at::Tensor& full) {
   if (full.sizes().vec() != shape_)
     throw UsageError("param " + name_ + ": value of shape " + c10::str(full.sizes()) + ", expected " +
                      c10::str(at::IntArrayRef(shape_)));
+  if (strategy_ != Strategy::ddp) throw std::logic_error("set_value on sharded param " + name_);
   at::NoGradGuard no_grad;
   const at::ScalarType dtype = at::isFloatingType(full.scalar_type()) ? full.scalar_type() : at::kFloat;
   if (full_.defined() && full_.scalar_type() == dtype) {
     full_.copy_(full);
     return;
   }
-  full_ = full.to(dtype).contiguous().clone();
-  master_ = full_.view({-1});
-  grad_full_ = at::zeros_like(full_);
-  grad_ = grad_full_.view({-1});
+  flat_ = full.to(dtype).contiguous().clone().view({-1});
+  full_ = flat_.view(shape_);
+  master_ = flat_;
+  grad_flat_ = at::zeros_like(flat_);
+  grad_full_ = grad_flat_.view(shape_);
+  grad_ = grad_flat_;
+  padded_ = shard_numel_ = numel_;
+  shard_offset_ = 0;
+}
+
+void ShardedParam::shard(Strategy s, int rank, int world) {
+  at::NoGradGuard no_grad;
+  strategy_ = s;
+  if (s == Strategy::ddp) return;
+  padded_ = (numel_ + world - 1) / world * world;
+  shard_numel_ = padded_ / world;
+  shard_offset_ = shard_numel_ * rank;
+  at::Tensor padded = at::zeros({padded_}, flat_.options());
+  padded.slice(0, 0, numel_).copy_(flat_);
+  grad_ = at::zeros({shard_numel_}, flat_.options());
+  grad_flat_ = grad_full_ = at::Tensor();
+  if (s == Strategy::zero3) {
+    master_ = padded.slice(0, shard_offset_, shard_offset_ + shard_numel_).clone();
+    flat_ = full_ = at::Tensor();
+    return;
+  }
+  flat_ = padded;
+  full_ = flat_.slice(0, 0, numel_).view(shape_);
+  master_ = flat_.slice(0, shard_offset_, shard_offset_ + shard_numel_);
+  if (s == Strategy::zero1) {
+    grad_flat_ = at::zeros({padded_}, flat_.options());
+    grad_full_ = grad_flat_.slice(0, 0, numel_).view(shape_);
+  }
+}
+
+at::Tensor ShardedParam::materialize() {
+  if (strategy_ != Strategy::zero3) return full_;
+  if (!gatherer_) throw std::logic_error("zero3 param " + name_ + " has no gatherer");
+  at::Tensor buf = gatherer_->acquire(*this);
+  return buf.slice(0, 0, numel_).view(shape_);
+}
+
+void ShardedParam::release() {
+  if (strategy_ == Strategy::zero3) gatherer_->release(*this);
+}
+
+at::Tensor ShardedParam::grad_buffer() {
+  if (!grad_full_.defined()) {  // zero2/zero3: the first gradient of this micro-batch
+    grad_flat_ = at::zeros({padded_}, master_.options());
+    grad_full_ = grad_flat_.slice(0, 0, numel_).view(shape_);
+  }
+  return grad_full_;
+}
+
+void ShardedParam::grad_ready() {
+  if (on_grad_ready_) on_grad_ready_(*this);
+}
+
+at::Tensor ShardedParam::full_grad_flat() { return grad_flat_; }
+
+at::Tensor ShardedParam::take_full_grad_flat() {
+  at::Tensor g = std::move(grad_flat_);
+  grad_flat_ = grad_full_ = at::Tensor();
+  return g;
+}
+
+void ShardedParam::zero_grad() {
+  grad_.zero_();
+  if (strategy_ == Strategy::zero1) grad_flat_.zero_();
+}
+
+at::Tensor ShardedParam::full_value() {
+  if (strategy_ == Strategy::zero3)
+    throw std::logic_error("full_value of zero3 param " + name_ + " needs a gather");
+  return full_.clone();
 }
 
 void ShardedParam::set_grad_storage(const at::Tensor& flat) {
-  if (flat.numel() != numel_ || flat.scalar_type() != full_.scalar_type())
-    throw std::logic_error("set_grad_storage: " + name_ + ": wrong size or dtype");
-  grad_ = flat;
+  if (strategy_ != Strategy::ddp || flat.numel() != numel_ || flat.scalar_type() != flat_.scalar_type())
+    throw std::logic_error("set_grad_storage: " + name_ + ": not ddp, or wrong size or dtype");
+  grad_ = grad_flat_ = flat;
   grad_.zero_();
   grad_full_ = flat.view(shape_);
 }
 
 int64_t ShardedParam::resident_bytes() const {
-  int64_t bytes = full_.nbytes() + grad_full_.nbytes();
+  int64_t bytes = master_.nbytes() + grad_.nbytes();
+  if (strategy_ == Strategy::zero1 || strategy_ == Strategy::zero2)
+    bytes += flat_.nbytes() - master_.nbytes();
+  if (strategy_ == Strategy::zero1) bytes += grad_flat_.nbytes();
   for (const auto& kv : optim_state_) bytes += kv.second.nbytes();
   return bytes;
 }

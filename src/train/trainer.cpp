@@ -15,6 +15,7 @@
 #include "slimshard/comm.h"
 #include "slimshard/common.h"
 #include "slimshard/memory.h"
+#include "slimshard/plan.h"
 #include "slimshard/train.h"
 
 namespace slimshard {
@@ -38,17 +39,6 @@ struct EvalResult {
 struct StepTimes {
   double data = 0, forward = 0, backward = 0, comm_wait = 0, optimizer = 0;
 };
-
-// FNV-1a over the bytes of every parameter: equal on two ranks only if their weights are bit-identical.
-int64_t weights_checksum(const std::vector<ShardedParam*>& params) {
-  uint64_t h = 1469598103934665603ull;
-  for (ShardedParam* p : params) {
-    at::Tensor t = p->master().contiguous();
-    const auto* b = static_cast<const unsigned char*>(t.data_ptr());
-    for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
-  }
-  return static_cast<int64_t>(h);
-}
 
 struct Fault {
   std::string kind;
@@ -95,8 +85,11 @@ class Trainer {
   std::unique_ptr<Optimizer> optim_;
   LrSchedule schedule_;
   std::vector<ShardedParam*> params_;
+  Plan plan_;
+  std::map<std::string, OpChoice> choices_;
   std::unique_ptr<DataParallel> dp_;  // after model_: destroyed before the params it hooks
   std::vector<StepTimes> step_times_;
+  std::vector<double> step_bytes_;  // communicated per training step (not counting evaluation)
   int64_t phase_peak_[static_cast<int>(memory::Phase::count)] = {};
 };
 
@@ -110,6 +103,13 @@ void Trainer::setup() {
   if (o_.batch_size % world_ != 0)
     throw UsageError("--batch-size " + std::to_string(o_.batch_size) + " is not divisible by the " +
                      std::to_string(world_) + " ranks");
+  plan_ = o_.plan_file.empty() ? uniform_plan(parse_strategy(o_.strategy, "--strategy"))
+                               : load_plan(o_.plan_file);
+  if (plan_.world != 0 && plan_.world != world_)
+    throw UsageError("--plan " + o_.plan_file + ": made for " + std::to_string(plan_.world) +
+                     " ranks, this job has " + std::to_string(world_));
+  if (o_.micro_batch == 0 && plan_.micro_batch > 0) o_.micro_batch = plan_.micro_batch;
+  if (o_.prefetch < 0) throw UsageError("--prefetch: must be >= 0");
   local_rows_ = o_.batch_size / world_;
   micro_ = o_.micro_batch > 0 ? o_.micro_batch : local_rows_;
   if (local_rows_ % micro_ != 0)
@@ -118,7 +118,6 @@ void Trainer::setup() {
   accum_ = local_rows_ / micro_;
   if (!(o_.lr > 0)) throw UsageError("--lr: must be positive");
   if (o_.clip < 0) throw UsageError("--clip: must be >= 0");
-  parse_strategy(o_.strategy, "--strategy");
 
   memory::set_rank(rank_);
   memory::set_limit(o_.mem_limit);
@@ -134,9 +133,11 @@ void Trainer::setup() {
 
   memory::PhaseScope phase(memory::Phase::init);
   model_ = build_model(o_.model, o_.seed);
+  choices_ = resolve_plan(plan_, *model_);
+  const std::vector<Strategy> strategies = apply_plan(choices_, *model_);
   params_ = model_->params().all();
-  dp_ = std::make_unique<DataParallel>(comm_, params_, o_.bucket_bytes);
-  dp_->broadcast_from_rank0();
+  dp_ = std::make_unique<DataParallel>(comm_, params_, strategies,
+                                       DataParallel::Options{o_.bucket_bytes, o_.prefetch});
   optim_ = std::make_unique<Optimizer>(o_.optim);
   optim_->init_state(params_);
   schedule_.lr = o_.lr;
@@ -195,16 +196,17 @@ double Trainer::train_step(int64_t step) {
     split(times.forward);
     {
       memory::PhaseScope phase(memory::Phase::backward);
-      dp_->begin_backward(/*sync=*/m == accum_ - 1);
+      dp_->begin_backward(m, accum_);
       // Each micro-batch's mean is scaled by 1/accum so that the sum is the mean over the rank's slice.
       (accum_ > 1 ? loss / static_cast<double>(accum_) : loss).backward();
     }
     loss_sum += loss.item<double>();
     split(times.backward);
+    if (m < accum_ - 1) dp_->end_backward(/*last=*/false);
   }
   {
     memory::PhaseScope phase(memory::Phase::comm);
-    dp_->finish_backward();
+    dp_->end_backward(/*last=*/true);
   }
   split(times.comm_wait);
   // The loss reported is the mean over the global batch: every rank's mean, averaged.
@@ -218,6 +220,10 @@ double Trainer::train_step(int64_t step) {
     }
     optim_->step(params_, schedule_.at(step));
   }
+  {
+    memory::PhaseScope phase(memory::Phase::comm);
+    dp_->after_optimizer_step();
+  }
   loss_work->wait();
   split(times.optimizer);
   step_times_.push_back(times);
@@ -227,17 +233,22 @@ double Trainer::train_step(int64_t step) {
 EvalResult Trainer::evaluate() {
   memory::PhaseScope phase(memory::Phase::eval);
   at::NoGradGuard no_grad;
+  dp_->set_prefetch_enabled(false);
   const int64_t n = data_->val_size();
-  const int64_t lo = n * rank_ / world_, hi = n * (rank_ + 1) / world_;
+  // Every rank runs the same number of forwards (zero3 gathers are collectives), some possibly empty.
+  const int64_t per = (n + world_ - 1) / world_;
+  const int64_t lo = std::min(n, per * rank_), hi = std::min(n, lo + per);
   double loss_sum = 0, correct = 0;
-  for (int64_t r = lo; r < hi; r += micro_) {
-    Batch b = data_->val_rows(r, std::min(hi, r + micro_));
+  for (int64_t r = 0; r < per; r += micro_) {
+    Batch b = data_->val_rows(std::min(hi, lo + r), std::min(hi, lo + r + micro_));
     at::Tensor logits = model_->logits(b.x);
+    if (b.rows() == 0) continue;
     at::Tensor flat = logits.reshape({-1, logits.size(-1)});
     loss_sum +=
         at::cross_entropy_loss(flat, b.y.reshape({-1})).item<double>() * static_cast<double>(b.rows());
     if (data_->classification()) correct += flat.argmax(-1).eq(b.y.reshape({-1})).sum().item<double>();
   }
+  dp_->set_prefetch_enabled(true);
   at::Tensor sums = at::tensor({loss_sum, correct}, at::kDouble);
   comm_.all_reduce(sums)->wait();
   EvalResult r;
@@ -279,6 +290,7 @@ TrainSummary Trainer::run() {
     const double loss = train_step(step);
     const double dt = seconds_since(t0);
     const int64_t step_bytes = comm_.total_bytes() - bytes0;
+    step_bytes_.push_back(static_cast<double>(step_bytes));
     step_s.push_back(dt);
     s.losses.push_back(loss);
     const int64_t peak = memory::peak_bytes();
@@ -330,7 +342,7 @@ TrainSummary Trainer::run() {
   s.comm_bytes = comm_.total_bytes();
   // Every rank must end with the same weights: compare checksums.
   at::Tensor sums = at::empty({world_}, at::kLong);
-  comm_.all_gather(sums, at::full({1}, weights_checksum(params_), at::kLong))->wait();
+  comm_.all_gather(sums, at::full({1}, dp_->replicated_checksum(), at::kLong))->wait();
   s.weights_identical = sums.eq(sums[0]).all().item<bool>();
   if (!s.weights_identical && lead) std::fprintf(stderr, "warning: ranks ended with different weights\n");
 
@@ -359,7 +371,7 @@ TrainSummary Trainer::run() {
                        {"step_ms", s.step_ms_median},
                        {"peak_bytes", s.peak_bytes},
                        {"comm_bytes", s.comm_bytes},
-                       {"comm_bytes_per_step", s.comm_bytes / std::max<int64_t>(1, s.steps)},
+                       {"comm_bytes_per_step", median(step_bytes_)},
                        {"comm_bytes_by_kind", by_kind},
                        {"weights_identical", s.weights_identical},
                        {"weights_checksum", sums[0].item<int64_t>()},
@@ -368,6 +380,10 @@ TrainSummary Trainer::run() {
                        {"params", s.params},
                        {"world", world_},
                        {"phase_peak_bytes", phases},
+                       {"prefetch",
+                        {{"depth", o_.prefetch},
+                         {"max_live", dp_->prefetcher() ? dp_->prefetcher()->max_live() : 0},
+                         {"gathers", dp_->prefetcher() ? dp_->prefetcher()->gathers() : 0}}},
                        {"phase_ms", phase_ms}};
     if (classify) sum["val_acc"] = s.val_acc;
     if (metrics_file) metrics_file->write(sum);
@@ -388,18 +404,23 @@ TrainSummary Trainer::run() {
         phase_ms["comm_wait"].get<double>(), phase_ms["optimizer"].get<double>());
     if (world_ > 1)
       std::printf("communication: %s per step per rank (%s backend); weights identical on all %d ranks: %s\n",
-                  format_bytes(static_cast<double>(s.comm_bytes) / static_cast<double>(s.steps)).c_str(),
-                  comm_.backend_name().c_str(), world_, s.weights_identical ? "yes" : "NO");
+                  format_bytes(median(step_bytes_)).c_str(), comm_.backend_name().c_str(), world_,
+                  s.weights_identical ? "yes" : "NO");
   }
+  // Sharded weights are gathered on every rank (a collective); rank 0 saves and samples from one whole model.
+  const bool want_sample = o_.sample_tokens > 0 && !classify;
+  NamedTensors full;
+  if (!o_.save_model.empty() || want_sample) full = dp_->full_values();
   if (!o_.save_model.empty() && lead) {
-    save_model_file(o_.save_model, *model_);
+    save_model_file(o_.save_model, o_.model, full);
     std::fprintf(stderr, "saved model weights to %s\n", o_.save_model.c_str());
   }
-  if (o_.sample_tokens > 0 && !classify && lead) {
+  if (want_sample && lead) {
     if (o_.model.vocab == 256) {
       GenerateOptions g;
       g.prompt = o_.sample_prompt, g.tokens = o_.sample_tokens, g.seed = o_.seed;
-      s.sample = generate_text(*model_, g);
+      auto whole = model_from_values(o_.model, full);
+      s.sample = generate_text(*whole, g);
       std::printf("--- sample (%lld tokens, temperature %.1f, top-k %lld) ---\n%s\n---\n",
                   (long long)g.tokens, g.temperature, (long long)g.top_k, s.sample.c_str());
     } else {
