@@ -73,11 +73,13 @@ RunResult run_command(const std::string& cmd, const std::string& log) {
   return r;
 }
 
+// The run's own error line (not the launcher's banners).
 std::string last_error_line(const std::string& out) {
   std::istringstream in(out);
   std::string line, found;
   while (std::getline(in, line))
-    if (line.find("error") != std::string::npos || line.find("watchdog") != std::string::npos) found = line;
+    if (line.find("slimshard: error: ") != std::string::npos || line.find("] watchdog: ") != std::string::npos)
+      found = line;
   return found;
 }
 

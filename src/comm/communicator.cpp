@@ -193,7 +193,9 @@ class MpiCommunicator final : public Communicator {
   }
 
   [[noreturn]] void abort(const std::string& msg, int code) override {
-    std::fprintf(stderr, "[rank %d] %s\n", rank_, msg.c_str());
+    // Messages that already name their rank (the allocator's) are not prefixed twice.
+    if (msg.find("[rank ") == std::string::npos) std::fprintf(stderr, "[rank %d] %s\n", rank_, msg.c_str());
+    else std::fprintf(stderr, "%s\n", msg.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);

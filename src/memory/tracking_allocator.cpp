@@ -36,6 +36,7 @@ std::atomic<int> g_phase{0};
 std::atomic<int> g_rank{0};
 std::atomic<bool> g_installed{false};
 thread_local const char* t_op = nullptr;
+thread_local std::string t_last_op;  // the op that ran last on this thread, for allocations between ops
 
 std::mutex g_msg_mutex;
 std::string g_limit_msg;
@@ -87,8 +88,11 @@ void free_tracked(void* data) {
 void free_nothing(void*) {}
 
 [[noreturn]] void throw_limit(int64_t asked, int64_t live) {
-  std::string msg = "[rank " + std::to_string(g_rank.load()) + "] memory limit exceeded in op '" +
-                    (t_op ? t_op : "-") + "' (phase " + phase_name(static_cast<Phase>(g_phase.load())) +
+  const std::string where = t_op               ? std::string("in op '") + t_op + "'"
+                            : t_last_op.empty() ? std::string("outside any op")
+                                                : "after op '" + t_last_op + "'";
+  std::string msg = "[rank " + std::to_string(g_rank.load()) + "] memory limit exceeded " + where + " (phase " +
+                    phase_name(static_cast<Phase>(g_phase.load())) +
                     "): asked " + format_bytes(static_cast<double>(asked)) + " with " +
                     format_bytes(static_cast<double>(live)) + " live, limit " +
                     format_bytes(static_cast<double>(g_limit.load())) + " (--mem-limit)";
@@ -209,6 +213,9 @@ PhaseScope::PhaseScope(Phase p) : prev_(static_cast<Phase>(g_phase.exchange(stat
 PhaseScope::~PhaseScope() { g_phase.store(static_cast<int>(prev_)); }
 
 OpScope::OpScope(const std::string& name) : prev_(t_op) { t_op = name.c_str(); }
-OpScope::~OpScope() { t_op = prev_; }
+OpScope::~OpScope() {
+  if (t_op) t_last_op = t_op;
+  t_op = prev_;
+}
 
 }  // namespace slimshard::memory
