@@ -84,4 +84,7 @@ class Communicator {
   std::atomic<int64_t> step_{-1};
 };
 
+// Every rank returns `root`'s string (a collective: every rank calls it).
+std::string broadcast_string(Communicator& comm, const std::string& s, int root);
+
 }  // namespace slimshard

@@ -174,8 +174,9 @@ class Model {
   std::vector<Op*> op_view_;
 };
 
-// Called after every op's forward (the activation probe measures what each op leaves live); nullptr = none.
-void set_forward_observer(std::function<void(const Op&)> observer);
+// Called at the end of every op's forward (backward = false) and backward (true), on the thread running it:
+// the activation probe and the profiler measure what lies between consecutive calls. nullptr = none.
+void set_op_observer(std::function<void(const Op&, bool backward)> observer);
 
 // Builds the model with weights drawn from `seed` (the same on every rank).
 std::unique_ptr<Model> build_model(const ModelConfig& config, uint64_t seed);

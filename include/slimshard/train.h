@@ -17,7 +17,8 @@ struct TrainOptions {
   DataOptions data;
   std::string strategy = "ddp";  // the same strategy for every op, unless plan_file is set
   std::string plan_file;
-  int prefetch = 1;  // zero3: all-gathers issued ahead
+  std::string plan_text;  // a plan's JSON given inline (what --strategy osdp computes); wins over plan_file
+  int prefetch = 1;       // zero3: all-gathers issued ahead
   int64_t steps = 300;
   int64_t batch_size = 16;  // global, rows (sequences or images)
   int64_t micro_batch = 0;  // rows per forward/backward on one rank; 0 = the whole per-rank slice

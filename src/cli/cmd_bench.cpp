@@ -34,9 +34,9 @@ std::vector<std::string> split_list(const std::string& s) {
 
 // The training flags of this command line, without bench's own options and the ones each run sets itself.
 std::vector<std::string> forwarded_args() {
-  static const std::vector<std::string> own = {"-n",           "--ranks",        "--strategies", "--json",
-                                               "--mpirun",     "--strategy",     "--plan",       "--metrics",
-                                               "--save-model", "--sample-tokens"};
+  static const std::vector<std::string> own = {"-n",           "--ranks",         "--strategies", "--json",
+                                               "--mpirun",     "--strategy",      "--plan",       "--metrics",
+                                               "--save-model", "--sample-tokens", "--profile"};
   std::vector<std::string> out;
   const auto& args = raw_args();
   for (size_t i = 1; i < args.size(); ++i) {  // args[0] is "bench"
@@ -48,6 +48,20 @@ std::vector<std::string> forwarded_args() {
     }
     out.push_back(a);
   }
+  return out;
+}
+
+// The model-shape flags as given, for the profile run.
+std::string shape_args(const TrainFlags& f) {
+  std::string out;
+  auto add = [&](CLI::Option* o, const char* flag, int64_t v) {
+    if (o && o->count()) out += std::string(" ") + flag + " " + std::to_string(v);
+  };
+  add(f.o_layer, "--n-layer", f.n_layer);
+  add(f.o_head, "--n-head", f.n_head);
+  add(f.o_embd, "--n-embd", f.n_embd);
+  add(f.o_seq, "--seq-len", f.seq_len);
+  add(f.o_vocab, "--vocab", f.vocab);
   return out;
 }
 
@@ -78,7 +92,8 @@ std::string last_error_line(const std::string& out) {
   std::istringstream in(out);
   std::string line, found;
   while (std::getline(in, line))
-    if (line.find("slimshard: error: ") != std::string::npos || line.find("] watchdog: ") != std::string::npos)
+    if (line.find("slimshard: error: ") != std::string::npos ||
+        line.find("] watchdog: ") != std::string::npos)
       found = line;
   return found;
 }
@@ -116,7 +131,8 @@ Runner add_bench(CLI::App& app) {
     const std::vector<std::string> entries = split_list(f->strategies);
     if (entries.empty()) throw UsageError("--strategies: empty list");
     for (const auto& e : entries)
-      if (e.size() < 5 || e.substr(e.size() - 5) != ".json") parse_strategy(e, "--strategies");
+      if ((e.size() < 5 || e.substr(e.size() - 5) != ".json") && e != "osdp")
+        parse_strategy(e, "--strategies");
     char self[4096];
     const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
     if (len <= 0) throw RuntimeError("bench: cannot find the slimshard executable");
@@ -135,24 +151,80 @@ Runner add_bench(CLI::App& app) {
 
     std::fprintf(stderr, "bench: %s, %d ranks, global batch %lld, %lld steps per run (median after 2)\n",
                  base.model.describe().c_str(), f->ranks, (long long)base.batch_size, (long long)base.steps);
+    // The cost model's predictions come from a profile of this machine (taken now unless --profile is given).
+    if (base.batch_size % f->ranks != 0) throw UsageError("--batch-size is not divisible by -n");
+    const int64_t local = base.batch_size / f->ranks;
+    std::string profile_path = f->t.profile;
+    if (profile_path.empty()) {
+      std::string micro;
+      int count = 0;
+      for (int64_t b = local; b >= 1 && count < 4; b /= 2)
+        if (local % b == 0) micro = std::to_string(b) + (micro.empty() ? "" : ",") + micro, ++count;
+      profile_path = dir + "/profile.json";
+      std::fprintf(stderr, "bench: profiling (micro-batches %s) ...\n", micro.c_str());
+      const std::string cmd = launcher + " -n " + std::to_string(f->ranks) + " " + shell_quote(self) +
+                              " profile --model " + shell_quote(f->t.model) + shape_args(f->t) +
+                              " --micro-batch " + micro + " --out " + shell_quote(profile_path);
+      RunResult pr = run_command(cmd, dir + "/profile.log");
+      if (pr.code != 0) throw RuntimeError("bench: profiling failed: " + last_error_line(pr.output));
+    }
+    CostOptions co;
+    co.world = f->ranks;
+    co.global_batch = base.batch_size;
+    co.prefetch = base.prefetch;
+    co.optim_states = base.optim.name == "adamw" ? 2 : (base.optim.momentum != 0 ? 1 : 0);
+    co.bucket_bytes = base.bucket_bytes;
+    const CostModel cost = CostModel::from_profile(load_profile(profile_path), co);
     nlohmann::json results = nlohmann::json::array();
     ActivationProfile probe;
     for (size_t i = 0; i < entries.size(); ++i) {
       const std::string& e = entries[i];
       const bool is_plan = e.size() >= 5 && e.substr(e.size() - 5) == ".json";
       TrainOptions o = base;
-      if (is_plan)
-        o.plan_file = e;
-      else
-        o.strategy = e, o.plan_file.clear();
-      const int64_t estimate = estimate_for(o, f->ranks, &probe).peak;
+      const bool osdp = e == "osdp";
+      // Predicted figures: the plan's (osdp: the search's, as `train --strategy osdp` will find it).
+      SearchOptions so;
+      so.mem_limit = base.mem_limit;
+      SearchResult predicted;
+      if (osdp) {
+        predicted = search_plan(cost, so);
+      } else {
+        Plan plan = is_plan ? load_plan(e) : uniform_plan(parse_strategy(e, "--strategies"));
+        for (const OpProfile& op : cost.ops()) {
+          OpChoice c;
+          for (const PlanEntry& pe : plan.entries)
+            if (glob_match(pe.pattern, op.name)) {
+              if (pe.has_strategy) c.strategy = pe.strategy;
+              if (pe.has_splits) c.splits = pe.splits;
+            }
+          predicted.choices[op.name] = c;
+        }
+        const int64_t micro = base.micro_batch > 0   ? base.micro_batch
+                              : plan.micro_batch > 0 ? plan.micro_batch
+                                                     : local;
+        predicted.cost = cost.evaluate(predicted.choices, micro);
+      }
+      int64_t estimate = predicted.cost.peak_bytes;
+      if (!osdp) {
+        if (is_plan)
+          o.plan_file = e;
+        else
+          o.strategy = e, o.plan_file.clear();
+        estimate = estimate_for(o, f->ranks, &probe).peak;
+      }
       const std::string metrics = dir + "/run" + std::to_string(i) + ".jsonl";
-      const std::string cmd =
-          launcher + " -n " + std::to_string(f->ranks) + " " + shell_quote(self) + " train" + common +
-          (is_plan ? " --plan " + shell_quote(e) : " --strategy " + e) + " --metrics " + shell_quote(metrics);
+      const std::string what = is_plan ? " --plan " + shell_quote(e)
+                               : osdp  ? " --strategy osdp --profile " + shell_quote(profile_path)
+                                       : " --strategy " + e;
+      const std::string cmd = launcher + " -n " + std::to_string(f->ranks) + " " + shell_quote(self) +
+                              " train" + common + what + " --metrics " + shell_quote(metrics);
       std::fprintf(stderr, "bench: %s ...\n", e.c_str());
       RunResult r = run_command(cmd, dir + "/run" + std::to_string(i) + ".log");
-      nlohmann::json row{{"strategy", e}, {"estimated_peak_bytes", estimate}, {"oom", false}};
+      nlohmann::json row{{"strategy", e},
+                         {"estimated_peak_bytes", estimate},
+                         {"predicted_step_ms", predicted.cost.step_ms},
+                         {"predicted_peak_bytes", predicted.cost.peak_bytes},
+                         {"oom", false}};
       if (r.code == 0) {
         std::ifstream in(metrics);
         std::string line, last;
@@ -173,20 +245,26 @@ Runner add_bench(CLI::App& app) {
     std::filesystem::remove_all(dir);
 
     auto mib = [](const nlohmann::json& v) { return format_mib(v.get<double>()); };
-    std::printf("%-22s %11s %9s %15s %14s %15s\n", "strategy", "tokens/s", "step ms", "peak MiB/rank",
-                "estimate MiB", "comm MiB/step");
+    std::printf("%-18s %9s %9s %9s %10s %10s %10s %9s\n", "strategy", "tokens/s", "step ms", "predicted",
+                "peak MiB", "predicted", "estimate", "comm MiB");
     for (const auto& row : results) {
+      const std::string name = row["strategy"].get<std::string>();
+      const double pred_ms = row["predicted_step_ms"].get<double>();
       if (row.contains("tokens_per_s")) {
-        std::printf("%-22s %11.0f %9.1f %15s %14s %15s\n", row["strategy"].get<std::string>().c_str(),
-                    row["tokens_per_s"].get<double>(), row["step_ms"].get<double>(),
-                    mib(row["peak_bytes"]).c_str(), mib(row["estimated_peak_bytes"]).c_str(),
-                    mib(row["comm_bytes_per_step"]).c_str());
+        std::printf("%-18s %9.0f %9.1f %9.1f %10s %10s %10s %9s\n", name.c_str(),
+                    row["tokens_per_s"].get<double>(), row["step_ms"].get<double>(), pred_ms,
+                    mib(row["peak_bytes"]).c_str(), mib(row["predicted_peak_bytes"]).c_str(),
+                    mib(row["estimated_peak_bytes"]).c_str(), mib(row["comm_bytes_per_step"]).c_str());
       } else {
-        std::printf("%-22s %11s %9s %15s %14s %15s   %s\n", row["strategy"].get<std::string>().c_str(),
-                    row["oom"].get<bool>() ? "OOM" : "FAILED", "-", "-",
-                    mib(row["estimated_peak_bytes"]).c_str(), "-", row["error"].get<std::string>().c_str());
+        std::printf("%-18s %9s %9s %9.1f %10s %10s %10s %9s   %s\n", name.c_str(),
+                    row["oom"].get<bool>() ? "OOM" : "FAILED", "-", pred_ms, "-",
+                    mib(row["predicted_peak_bytes"]).c_str(), mib(row["estimated_peak_bytes"]).c_str(), "-",
+                    row["error"].get<std::string>().c_str());
       }
     }
+    std::printf(
+        "step ms, peak MiB: measured. predicted: the OSDP cost model (from the profile). estimate: "
+        "`slimshard memory`.\n");
     if (!f->json.empty())
       write_file_atomic(f->json, nlohmann::json{{"model", base.model.to_json()},
                                                 {"world", f->ranks},

@@ -78,8 +78,8 @@ Runner add_memory(CLI::App& app) {
     for (const OpMemory& m : est.ops) {
       std::printf("%-22s %10lld %-9s %6d %9s %9s %9s %11s %11s\n", m.op.c_str(), (long long)m.params,
                   strategy_name(m.choice.strategy), m.choice.splits, mib(m.param_bytes).c_str(),
-                  mib(m.grad_bytes).c_str(), mib(m.optim_bytes).c_str(),
-                  mib(m.gathered_bytes + m.grad_transient_bytes).c_str(), mib(m.activation_bytes).c_str());
+                  mib(m.grad_bytes).c_str(), mib(m.optim_bytes).c_str(), mib(m.transient_bytes).c_str(),
+                  mib(m.activation_bytes).c_str());
       pb += m.param_bytes, gb += m.grad_bytes, ob += m.optim_bytes;
       ops.push_back({{"op", m.op},
                      {"params", m.params},
@@ -88,14 +88,13 @@ Runner add_memory(CLI::App& app) {
                      {"param_bytes", m.param_bytes},
                      {"grad_bytes", m.grad_bytes},
                      {"optim_bytes", m.optim_bytes},
-                     {"gathered_bytes", m.gathered_bytes},
-                     {"grad_transient_bytes", m.grad_transient_bytes},
+                     {"transient_bytes", m.transient_bytes},
                      {"activation_bytes", m.activation_bytes}});
     }
     std::printf("%-22s %10s %-9s %6s %9s %9s %9s\n", "total", "", "", "", mib(pb).c_str(), mib(gb).c_str(),
                 mib(ob).c_str());
     std::printf(
-        "predicted peak per rank: %s MiB = persistent %s + activations %s + transient %s "
+        "predicted peak per rank: %s MiB = persistent %s + activations %s + largest transient %s "
         "(LibTorch tensors; the shared-memory staging of the communicator is extra)\n",
         mib(est.peak).c_str(), mib(est.persistent).c_str(), mib(est.activations).c_str(),
         mib(est.transient).c_str());

@@ -46,9 +46,11 @@ void add_train_flags(CLI::App* sub, TrainFlags& f) {
   sub->add_option("--val-data", o.data.val_spec,
                   "validation file (default: FILE_val.bin beside FILE_train.bin, "
                   "else the last 10% of --data)");
-  sub->add_option("--strategy", o.strategy, "the same strategy for every op: ddp | zero1 | zero2 | zero3")
+  sub->add_option("--strategy", o.strategy,
+                  "ddp | zero1 | zero2 | zero3 for every op, or osdp: profile, plan under --mem-limit, train")
       ->capture_default_str()
-      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}));
+      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3", "osdp"}));
+  sub->add_option("--profile", f.profile, "osdp: plan from this profile instead of profiling first");
   sub->add_option("--plan", o.plan_file,
                   "per-op strategies and splits from this JSON plan (overrides --strategy)");
   sub->add_option("--prefetch", o.prefetch,
@@ -125,6 +127,66 @@ TrainOptions train_options(const TrainFlags& f) {
   return o;
 }
 
+// --strategy osdp: profile (every rank) or read --profile, plan on rank 0, and give every rank the plan.
+void plan_osdp(TrainOptions& o, const TrainFlags& f, Communicator& comm) {
+  std::string profile_text;
+  const int64_t local = o.batch_size / std::max(1, comm.world());
+  if (f.profile.empty()) {
+    std::vector<int64_t> micro;
+    for (int64_t b = local; b >= 1 && micro.size() < 4; b /= 2)
+      if (local % b == 0) micro.insert(micro.begin(), b);
+    if (comm.rank() == 0)
+      std::fprintf(stderr, "osdp: profiling %s at micro-batches", o.model.describe().c_str());
+    for (int64_t b : micro)
+      if (comm.rank() == 0) std::fprintf(stderr, " %lld", (long long)b);
+    if (comm.rank() == 0) std::fprintf(stderr, " ...\n");
+    ProfileOptions po;
+    po.warmup = 1, po.repeats = 3, po.max_collective_bytes = 16 << 20;
+    const Profile p = run_profile(o.model, micro, comm, po, o.seed);
+    if (comm.rank() == 0) profile_text = profile_to_json(p).dump();
+  } else if (comm.rank() == 0) {
+    profile_text = read_file(f.profile, "--profile");
+  }
+  std::string plan_text, error;
+  if (comm.rank() == 0) {
+    try {
+      const std::string tmp = profile_text;
+      CostOptions co;
+      co.world = comm.world();
+      co.global_batch = o.batch_size;
+      co.prefetch = o.prefetch;
+      co.optim_states = o.optim.name == "adamw" ? 2 : (o.optim.momentum != 0 ? 1 : 0);
+      co.bucket_bytes = o.bucket_bytes;
+      nlohmann::json pj;
+      try {
+        pj = nlohmann::json::parse(tmp);
+      } catch (const nlohmann::json::exception& e) {
+        throw UsageError("--profile " + f.profile + ": not valid JSON (" + e.what() + ")");
+      }
+      Profile p = profile_from_json(pj, f.profile.empty() ? "osdp profile" : "--profile " + f.profile);
+      if (!(p.model.to_json() == o.model.to_json()))
+        throw UsageError("--profile " + f.profile + ": made for " + p.model.describe() + ", not " +
+                         o.model.describe());
+      CostModel m = CostModel::from_profile(p, co);
+      SearchOptions so;
+      so.mem_limit = o.mem_limit;
+      SearchResult r = search_plan(m, so);
+      if (!r.fits)
+        throw UsageError("--strategy osdp --mem-limit " + format_mib(static_cast<double>(o.mem_limit)) +
+                         " MiB: " + r.explanation);
+      std::printf("osdp plan (costs from %s):\n", m.source().c_str());
+      print_plan(m, r, baselines(m, so), o.mem_limit, o.verbose);
+      std::fflush(stdout);
+      plan_text = plan_to_json(m, r).dump();
+    } catch (const UsageError& e) {
+      error = e.what();
+    }
+  }
+  error = broadcast_string(comm, error, 0);
+  if (!error.empty()) throw UsageError(error);
+  o.plan_text = broadcast_string(comm, plan_text, 0);
+}
+
 Runner add_train(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();
   CLI::App* sub = app.add_subcommand("train", "Train a model (GPT on text, MLP/CNN on Fashion-MNIST)");
@@ -136,7 +198,13 @@ Runner add_train(CLI::App& app) {
       "  slimshard train --model gpt --n-layer 6 --n-embd 384 --data my.txt --metrics m.jsonl");
   add_train_flags(sub, *f);
   return [f]() {
-    train(train_options(*f), start_comm(f->comm));
+    TrainOptions o = train_options(*f);
+    Communicator& comm = start_comm(f->comm);
+    if (o.strategy == "osdp")
+      plan_osdp(o, *f, comm);
+    else if (!f->profile.empty())
+      throw UsageError("--profile applies to --strategy osdp");
+    train(o, comm);
     return 0;
   };
 }

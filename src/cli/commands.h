@@ -19,6 +19,8 @@ Runner add_train(CLI::App& app);
 Runner add_generate(CLI::App& app);
 Runner add_memory(CLI::App& app);
 Runner add_bench(CLI::App& app);
+Runner add_profile(CLI::App& app);
+Runner add_plan(CLI::App& app);
 
 // The flags of `train`, shared by the subcommands that describe a training run (memory, bench).
 struct TrainFlags {
@@ -28,6 +30,7 @@ struct TrainFlags {
   std::string mem_limit;
   int64_t eval_rows = -1;
   double bucket_mib = 25;
+  std::string profile;  // osdp
   CommOptions comm;
   CLI::Option *o_layer = nullptr, *o_head = nullptr, *o_embd = nullptr, *o_seq = nullptr, *o_vocab = nullptr;
 };
@@ -38,6 +41,13 @@ TrainOptions train_options(const TrainFlags& f);
 // The estimate `memory` prints for the run `o` describes at `world` ranks; `probe_cache` (optional) keeps the
 // activation probe between calls at the same micro-batch.
 MemoryEstimate estimate_for(const TrainOptions& o, int world, ActivationProfile* probe_cache);
+// The cost model for a run: from a profile file or a cluster spec.
+CostModel cost_model_for(const TrainOptions& o, int world, const std::string& profile,
+                         const std::string& cluster, const std::string& micro, bool scale, bool splits);
+// The plan's table (optional) and totals, with the uniform baselines for comparison.
+void print_plan(const CostModel& m, const SearchResult& r,
+                const std::vector<std::pair<std::string, SearchResult>>& base, int64_t mem_limit, bool table);
+std::vector<std::pair<std::string, SearchResult>> baselines(const CostModel& m, const SearchOptions& so);
 // The command line as given (bench forwards the training flags to its runs).
 const std::vector<std::string>& raw_args();
 

@@ -74,14 +74,13 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer("Run 'slimshard <subcommand> --help' for the flags of each subcommand.");
   for (int i = 1; i < argc; ++i) g_args.emplace_back(argv[i]);
-  const std::map<std::string, cli::Runner> runners{{"train", cli::add_train(app)},
-                                                   {"generate", cli::add_generate(app)},
-                                                   {"memory", cli::add_memory(app)},
-                                                   {"bench", cli::add_bench(app)}};
+  const std::map<std::string, cli::Runner> runners{
+      {"train", cli::add_train(app)}, {"generate", cli::add_generate(app)}, {"memory", cli::add_memory(app)},
+      {"bench", cli::add_bench(app)}, {"profile", cli::add_profile(app)},   {"plan", cli::add_plan(app)}};
 
   if (argc > 1 && argv[1][0] != '-' && !runners.count(argv[1]))
     return fail(2, std::string("unknown subcommand '") + argv[1] +
-                       "' (expected train, generate, memory or bench; see --help)");
+                       "' (expected train, generate, memory, bench, profile or plan; see --help)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <mutex>
@@ -194,8 +195,10 @@ class MpiCommunicator final : public Communicator {
 
   [[noreturn]] void abort(const std::string& msg, int code) override {
     // Messages that already name their rank (the allocator's) are not prefixed twice.
-    if (msg.find("[rank ") == std::string::npos) std::fprintf(stderr, "[rank %d] %s\n", rank_, msg.c_str());
-    else std::fprintf(stderr, "%s\n", msg.c_str());
+    if (msg.find("[rank ") == std::string::npos)
+      std::fprintf(stderr, "[rank %d] %s\n", rank_, msg.c_str());
+    else
+      std::fprintf(stderr, "%s\n", msg.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);
@@ -331,6 +334,15 @@ class MpiCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+std::string broadcast_string(Communicator& comm, const std::string& s, int root) {
+  at::Tensor len = at::full({1}, static_cast<int64_t>(s.size()), at::kLong);
+  comm.broadcast(len, root)->wait();
+  at::Tensor bytes = at::empty({len.item<int64_t>()}, at::kByte);
+  if (comm.rank() == root && !s.empty()) std::memcpy(bytes.data_ptr(), s.data(), s.size());
+  comm.broadcast(bytes, root)->wait();
+  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+}
 
 std::unique_ptr<Communicator> Communicator::create(const CommOptions& opts) {
   if (opts.backend != "auto" && opts.backend != "shm" && opts.backend != "mpi")

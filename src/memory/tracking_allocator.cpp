@@ -88,12 +88,12 @@ void free_tracked(void* data) {
 void free_nothing(void*) {}
 
 [[noreturn]] void throw_limit(int64_t asked, int64_t live) {
-  const std::string where = t_op               ? std::string("in op '") + t_op + "'"
+  const std::string where = t_op                ? std::string("in op '") + t_op + "'"
                             : t_last_op.empty() ? std::string("outside any op")
                                                 : "after op '" + t_last_op + "'";
-  std::string msg = "[rank " + std::to_string(g_rank.load()) + "] memory limit exceeded " + where + " (phase " +
-                    phase_name(static_cast<Phase>(g_phase.load())) +
-                    "): asked " + format_bytes(static_cast<double>(asked)) + " with " +
+  std::string msg = "[rank " + std::to_string(g_rank.load()) + "] memory limit exceeded " + where +
+                    " (phase " + phase_name(static_cast<Phase>(g_phase.load())) + "): asked " +
+                    format_bytes(static_cast<double>(asked)) + " with " +
                     format_bytes(static_cast<double>(live)) + " live, limit " +
                     format_bytes(static_cast<double>(g_limit.load())) + " (--mem-limit)";
   {

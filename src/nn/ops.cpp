@@ -18,7 +18,7 @@ using torch::autograd::variable_list;
 
 namespace {
 
-std::function<void(const Op&)> g_forward_observer;
+std::function<void(const Op&, bool)> g_observer;
 
 // The anchor is an input only so that autograd runs backward; its own gradient is never produced (the weight
 // gradients go straight to the ShardedParams). The op pointer travels as an int64 because saved_data holds
@@ -31,13 +31,14 @@ struct OpFunction : torch::autograd::Function<OpFunction> {
     ctx->saved_data["op"] = op_addr;
     memory::OpScope scope(op->name());
     at::Tensor y = op->forward_impl(ctx, x);
-    if (g_forward_observer) g_forward_observer(*op);
+    if (g_observer) g_observer(*op, /*backward=*/false);
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Op* op = reinterpret_cast<Op*>(ctx->saved_data["op"].toInt());
     memory::OpScope scope(op->name());
     at::Tensor dx = op->backward_impl(ctx, grads[0]);
+    if (g_observer) g_observer(*op, /*backward=*/true);
     return {dx, at::Tensor(), at::Tensor()};
   }
 };
@@ -78,9 +79,7 @@ ShardedParam* ParamSet::add(std::string name, const at::Tensor& init, bool decay
   return view_.back();
 }
 
-void set_forward_observer(std::function<void(const Op&)> observer) {
-  g_forward_observer = std::move(observer);
-}
+void set_op_observer(std::function<void(const Op&, bool)> observer) { g_observer = std::move(observer); }
 
 std::vector<ShardedParam*> ParamSet::replace(ShardedParam* old,
                                              std::vector<std::unique_ptr<ShardedParam>> with) {

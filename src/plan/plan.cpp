@@ -35,8 +35,9 @@ Plan uniform_plan(Strategy s) {
   return p;
 }
 
-Plan load_plan(const std::string& path) {
-  const std::string text = read_file(path, "--plan");
+Plan load_plan(const std::string& path) { return parse_plan(read_file(path, "--plan"), path); }
+
+Plan parse_plan(const std::string& text, const std::string& path) {
   nlohmann::ordered_json j;
   try {
     j = nlohmann::ordered_json::parse(text);

@@ -45,9 +45,8 @@ void ShardedParam::set_value(const at::Tensor& full) {
   flat_ = full.to(dtype).contiguous().clone().view({-1});
   full_ = flat_.view(shape_);
   master_ = flat_;
-  grad_flat_ = at::zeros_like(flat_);
-  grad_full_ = grad_flat_.view(shape_);
-  grad_ = grad_flat_;
+  // The gradient is allocated by shard() (or on first use): a model being sharded never holds full gradients.
+  grad_flat_ = grad_full_ = grad_ = at::Tensor();
   padded_ = shard_numel_ = numel_;
   shard_offset_ = 0;
 }
@@ -55,7 +54,10 @@ void ShardedParam::set_value(const at::Tensor& full) {
 void ShardedParam::shard(Strategy s, int rank, int world) {
   at::NoGradGuard no_grad;
   strategy_ = s;
-  if (s == Strategy::ddp) return;
+  if (s == Strategy::ddp) {
+    if (!grad_.defined()) grad_flat_ = grad_ = at::zeros_like(flat_), grad_full_ = grad_flat_.view(shape_);
+    return;
+  }
   padded_ = (numel_ + world - 1) / world * world;
   shard_numel_ = padded_ / world;
   shard_offset_ = shard_numel_ * rank;
@@ -89,9 +91,10 @@ void ShardedParam::release() {
 }
 
 at::Tensor ShardedParam::grad_buffer() {
-  if (!grad_full_.defined()) {  // zero2/zero3: the first gradient of this micro-batch
+  if (!grad_full_.defined()) {  // zero2/zero3: the first gradient of this micro-batch (or an unsharded param)
     grad_flat_ = at::zeros({padded_}, master_.options());
     grad_full_ = grad_flat_.slice(0, 0, numel_).view(shape_);
+    if (strategy_ == Strategy::ddp) grad_ = grad_flat_;
   }
   return grad_full_;
 }
@@ -109,7 +112,7 @@ at::Tensor ShardedParam::take_full_grad_flat() {
 }
 
 void ShardedParam::zero_grad() {
-  grad_.zero_();
+  if (grad_.defined()) grad_.zero_();
   if (strategy_ == Strategy::zero1) grad_flat_.zero_();
 }
 

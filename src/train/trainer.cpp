@@ -103,8 +103,9 @@ void Trainer::setup() {
   if (o_.batch_size % world_ != 0)
     throw UsageError("--batch-size " + std::to_string(o_.batch_size) + " is not divisible by the " +
                      std::to_string(world_) + " ranks");
-  plan_ = o_.plan_file.empty() ? uniform_plan(parse_strategy(o_.strategy, "--strategy"))
-                               : load_plan(o_.plan_file);
+  plan_ = !o_.plan_text.empty()  ? parse_plan(o_.plan_text, "osdp plan")
+          : o_.plan_file.empty() ? uniform_plan(parse_strategy(o_.strategy, "--strategy"))
+                                 : load_plan(o_.plan_file);
   if (plan_.world != 0 && plan_.world != world_)
     throw UsageError("--plan " + o_.plan_file + ": made for " + std::to_string(plan_.world) +
                      " ranks, this job has " + std::to_string(world_));

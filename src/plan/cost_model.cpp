@@ -1,0 +1,326 @@
+// cost_model.cpp — time and memory of each op under each choice, from a measured profile or an analytic
+// device spec; additive over ops so that the search is exact. Per op and micro-batch:
+//   forward   compute, overlapped with zero3's gather (prefetch ≥ 1) or followed by it (prefetch 0)
+//   backward  compute overlapped with the op's reductions: zero3 gather + reduce-scatter, zero2
+//   reduce-scatter,
+//             and on the last micro-batch only, zero1's reduce-scatter or DDP's share of its bucket's
+//             all-reduce
+//   overlap   max(C + (f-1)·min(C, M), M): compute slows by the measured factor f while communication runs
+//   after     zero1/zero2 all-gather the updated slices (exposed), the optimizer over the owned elements
+#include <algorithm>
+#include <cmath>
+
+#include "slimshard/common.h"
+#include "slimshard/plan.h"
+
+namespace slimshard {
+
+std::vector<OpProfile> op_shapes(const ModelConfig& c) {
+  c.validate();
+  std::vector<OpProfile> ops;
+  auto add = [&](std::string name, std::string kind, std::vector<int64_t> numels, int64_t out) {
+    OpProfile o;
+    o.name = std::move(name), o.kind = std::move(kind), o.param_numels = std::move(numels),
+    o.out_features = out;
+    ops.push_back(o);
+  };
+  auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
+    add(name, "linear", bias ? std::vector<int64_t>{in * out, out} : std::vector<int64_t>{in * out}, out);
+  };
+  if (c.arch == "gpt") {
+    const int64_t C = c.n_embd;
+    add("wte", "embedding", {c.vocab * C}, 0);
+    add("wpe", "embedding", {c.seq_len * C}, 0);
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      const std::string p = "blocks." + std::to_string(i) + ".";
+      add(p + "ln1", "layernorm", {C, C}, 0);
+      linear(p + "attn.qkv", C, 3 * C, true);
+      linear(p + "attn.proj", C, C, true);
+      add(p + "ln2", "layernorm", {C, C}, 0);
+      linear(p + "mlp.fc", C, 4 * C, true);
+      linear(p + "mlp.proj", 4 * C, C, true);
+    }
+    add("ln_f", "layernorm", {C, C}, 0);
+    linear("lm_head", C, c.vocab, false);
+  } else if (c.arch == "mlp") {
+    linear("fc1", c.image * c.image, c.hidden, true);
+    linear("fc2", c.hidden, c.hidden, true);
+    linear("fc3", c.hidden, c.classes, true);
+  } else {
+    add("conv1", "conv2d", {16 * 9, 16}, 0);
+    add("conv2", "conv2d", {32 * 16 * 9, 32}, 0);
+    linear("fc1", 32 * (c.image / 4) * (c.image / 4), c.hidden, true);
+    linear("fc2", c.hidden, c.classes, true);
+  }
+  return ops;
+}
+
+namespace {
+
+double overlap(double compute, double comm, double f) {
+  if (comm <= 0) return compute;
+  return std::max(compute + (f - 1) * std::min(compute, comm), comm);
+}
+
+}  // namespace
+
+double CostModel::interp(const std::map<int64_t, double>& m, int64_t b) const {
+  if (m.empty()) return 0;
+  auto it = m.find(b);
+  if (it != m.end()) return it->second;
+  // Linear in the micro-batch between (or beyond) the nearest measured sizes; time grows with the rows.
+  auto hi = m.lower_bound(b);
+  if (hi == m.begin()) return hi->second * static_cast<double>(b) / static_cast<double>(hi->first);
+  auto lo = std::prev(hi);
+  if (hi == m.end()) return lo->second * static_cast<double>(b) / static_cast<double>(lo->first);
+  const double w = static_cast<double>(b - lo->first) / static_cast<double>(hi->first - lo->first);
+  return lo->second + w * (hi->second - lo->second);
+}
+
+int64_t CostModel::interp_bytes(const std::map<int64_t, int64_t>& m, int64_t b) const {
+  std::map<int64_t, double> d;
+  for (auto [k, v] : m) d[k] = static_cast<double>(v);
+  return static_cast<int64_t>(std::llround(interp(d, b)));
+}
+
+CostModel CostModel::from_profile(const Profile& p, const CostOptions& o) {
+  if (p.world != o.world)
+    throw UsageError("--profile: taken at world size " + std::to_string(p.world) + ", planning for " +
+                     std::to_string(o.world) + " (profile again under mpirun -n " + std::to_string(o.world) +
+                     ", or pass --scale-profile to re-derive its collectives by the ring model)");
+  CostModel m;
+  m.o_ = o;
+  m.model_ = p.model;
+  m.ops_ = p.ops;
+  m.loss_fwd_ = p.loss_fwd_ms, m.loss_bwd_ = p.loss_bwd_ms;
+  m.loss_act_ = p.loss_act_bytes, m.bwd_extra_ = p.backward_extra_bytes;
+  m.coll_ = p.collectives;
+  m.overlap_ = p.overlap_slowdown;
+  m.opt_ns_ = p.optimizer_ns_per_element;
+  m.coll_overhead_ = p.collective_overhead_ms;
+  m.source_ = "profile (" + p.date + ", " + std::to_string(p.world) + " ranks, " +
+              (p.machine.is_object() ? p.machine.value("cpu", "?") : std::string("?")) + ")";
+  return m;
+}
+
+CostModel CostModel::from_cluster(const ClusterSpec& c, const ModelConfig& cfg, const CostOptions& o,
+                                  const std::vector<int64_t>& micro_batches) {
+  CostModel m;
+  m.o_ = o;
+  m.model_ = cfg;
+  m.ops_ = op_shapes(cfg);
+  m.source_ = "cluster spec " + c.name;
+  const double flops = c.peak_flops * c.achievable_fraction;
+  const double e = c.activation_bytes_per_element;
+  const bool one_node = o.world <= c.devices_per_node;
+  const double bw = one_node ? c.intra_bandwidth : std::min(c.intra_bandwidth, c.inter_bandwidth);
+  const double lat = one_node ? c.intra_latency : c.inter_latency;
+  const double W = o.world, share = (W - 1) / W;
+  auto ring = [&](double steps_factor) {
+    CollectiveFit f;
+    f.alpha_ms = steps_factor * (W - 1) * lat * 1e3;
+    f.beta_ms_per_byte = steps_factor * share / bw * 1e3;
+    return f;
+  };
+  m.coll_["all_gather"] = ring(1), m.coll_["reduce_scatter"] = ring(1), m.coll_["all_reduce"] = ring(2);
+  m.overlap_ = c.overlap_slowdown;
+  m.opt_ns_ = 28.0 / c.memory_bandwidth * 1e9;  // AdamW reads param, grad, two states and writes three
+  for (int64_t b : micro_batches) {
+    if (cfg.arch != "gpt") throw UsageError("--cluster: analytic costs are for GPT models");
+    const double T = static_cast<double>(cfg.seq_len), C = static_cast<double>(cfg.n_embd);
+    const double H = static_cast<double>(cfg.n_head), V = static_cast<double>(cfg.vocab);
+    const double rows = static_cast<double>(b) * T;
+    for (OpProfile& op : m.ops_) {
+      double fwd = 0, act = 0;  // seconds, elements kept for backward
+      if (op.kind == "linear") {
+        fwd = 2 * rows * static_cast<double>(op.param_numels[0]) / flops;
+        act = rows * static_cast<double>(op.out_features);
+        if (op.name.find("attn.proj") !=
+            std::string::npos) {  // the attention before it: QKᵀ and AV, softmax kept
+          fwd += 4 * static_cast<double>(b) * T * T * C / flops;
+          act += static_cast<double>(b) * H * T * T + 2 * rows * C;
+        }
+        if (op.name.find("mlp.proj") != std::string::npos) act += rows * 4 * C;  // GELU output
+      } else {  // embedding and layernorm: memory-bound passes over the activations
+        fwd = 4 * rows * C * e / c.memory_bandwidth;
+        act = rows * C + (op.kind == "layernorm" ? 2 * rows : 0);
+      }
+      op.fwd_ms[b] = fwd * 1e3;
+      op.bwd_ms[b] = 2 * fwd * 1e3;
+      op.act_bytes[b] = static_cast<int64_t>(act * e);
+    }
+    m.loss_fwd_[b] = 3 * rows * V * e / c.memory_bandwidth * 1e3;
+    m.loss_bwd_[b] = m.loss_fwd_[b];
+    m.loss_act_[b] = static_cast<int64_t>(2 * rows * V * e);
+    m.bwd_extra_[b] = static_cast<int64_t>((4 * rows * C + 2 * static_cast<double>(b) * H * T * T) * e);
+  }
+  return m;
+}
+
+std::vector<int64_t> CostModel::micro_batches() const {
+  std::vector<int64_t> out;
+  if (o_.global_batch % o_.world != 0) return out;
+  const int64_t local = o_.global_batch / o_.world;
+  if (ops_.empty()) return out;
+  for (const auto& [b, t] : ops_.front().fwd_ms)
+    if (b <= local && local % b == 0) out.push_back(b);
+  return out;
+}
+
+std::vector<OpChoice> CostModel::candidates(size_t op) const {
+  std::vector<OpChoice> out;
+  const OpProfile& p = ops_.at(op);
+  for (Strategy s : {Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3})
+    for (int k : {1, 2, 4, 8}) {
+      if (k > 1 && (!o_.allow_splits || p.kind != "linear" || p.out_features % k != 0)) continue;
+      out.push_back(OpChoice{s, k});
+    }
+  return out;
+}
+
+ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
+  const OpProfile& p = ops_.at(op);
+  const int64_t local = o_.global_batch / o_.world;
+  const double accum = static_cast<double>(local / micro);
+  const double fwd = interp(p.fwd_ms, micro), bwd = interp(p.bwd_ms, micro);
+  const CollectiveFit &ag = coll_.at("all_gather"), &rs = coll_.at("reduce_scatter"),
+                      &ar = coll_.at("all_reduce");
+  double t_ag = 0, t_gather = 0, t_rs = 0, t_ar = 0, owned = 0;
+  const bool multi = o_.world > 1;
+  // zero3's gathers are waited for one at a time while compute runs: each pays the measured latency of a
+  // collective issued among busy threads instead of the fit's α (from back-to-back collectives, threads
+  // awake). Reductions and the after-step gathers go back to back and keep α.
+  const double lat = coll_overhead_;
+  for (int64_t numel : p.param_numels) {
+    const int64_t n = numel / c.splits;
+    const double padded = 4.0 * static_cast<double>((n + o_.world - 1) / o_.world * o_.world);
+    if (multi) {
+      t_ag += c.splits * ag.ms(padded);
+      t_gather += c.splits * (std::max(ag.alpha_ms, lat) + ag.beta_ms_per_byte * padded);
+      t_rs += c.splits * rs.ms(padded);
+      // DDP fuses gradients into buckets: bandwidth for these bytes, latency for their share of a bucket.
+      t_ar +=
+          c.splits *
+          (ar.beta_ms_per_byte * 4.0 * static_cast<double>(n) +
+           ar.alpha_ms * std::min(1.0, 4.0 * static_cast<double>(n) / static_cast<double>(o_.bucket_bytes)));
+    }
+    owned += c.splits * (c.strategy == Strategy::ddp ? static_cast<double>(n) : padded / 4.0 / o_.world);
+  }
+  const double f = overlap_;
+  double forward = fwd, backward_mid = bwd, backward_last = bwd, after = 0;
+  switch (c.strategy) {
+    case Strategy::ddp:
+      backward_last = overlap(bwd, t_ar, f);
+      break;
+    case Strategy::zero1:
+      backward_last = overlap(bwd, t_rs, f);
+      after = t_ag;
+      break;
+    case Strategy::zero2:
+      backward_mid = backward_last = overlap(bwd, t_rs, f);
+      after = t_ag;
+      break;
+    case Strategy::zero3:
+      if (o_.prefetch > 0) {
+        forward = overlap(fwd, t_gather, f);
+        backward_mid = backward_last = overlap(bwd, t_gather + t_rs, f);
+      } else {  // gathered on demand: the gather waits in front of the compute
+        forward = fwd + t_gather;
+        backward_mid = backward_last = overlap(bwd, t_rs, f) + t_gather;
+      }
+      break;
+  }
+  ChoiceCost cc;
+  cc.choice = c;
+  cc.time_ms = accum * forward + (accum - 1) * backward_mid + backward_last + after + opt_ns_ * owned * 1e-6;
+  cc.mem = choice_memory(p.param_numels, c, o_.world, o_.optim_states);
+  cc.transient_bytes = cc.mem.transient(o_.prefetch);
+  return cc;
+}
+
+int64_t CostModel::activation_bytes(int64_t micro) const {
+  int64_t a = interp_bytes(loss_act_, micro) + interp_bytes(bwd_extra_, micro);
+  for (const OpProfile& p : ops_) a += interp_bytes(p.act_bytes, micro);
+  return a;
+}
+
+double CostModel::fixed_ms(int64_t micro) const {
+  const double accum = static_cast<double>(o_.global_batch / o_.world / micro);
+  // Loss forward/backward every micro-batch; per step, the loss average and the gradient norm (two scalars).
+  double small = 0;
+  if (o_.world > 1) small = 2 * coll_.at("all_reduce").ms(8.0);
+  return accum * (interp(loss_fwd_, micro) + interp(loss_bwd_, micro)) + small;
+}
+
+PlanCost CostModel::evaluate(const std::map<std::string, OpChoice>& choices, int64_t micro) const {
+  PlanCost pc;
+  pc.micro_batch = micro;
+  pc.accum = o_.global_batch / o_.world / micro;
+  pc.step_ms = fixed_ms(micro);
+  pc.activation_bytes = activation_bytes(micro);
+  int64_t largest_owned = 0;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    auto it = choices.find(ops_[i].name);
+    const OpChoice c = it == choices.end() ? OpChoice{} : it->second;
+    ChoiceCost cc = cost(i, c, micro);
+    pc.step_ms += cc.time_ms;
+    pc.persistent_bytes += cc.mem.persistent();
+    pc.transient_bytes = std::max(pc.transient_bytes, cc.transient_bytes);
+    for (int64_t n : ops_[i].param_numels) {
+      const int64_t block = n / c.splits;
+      largest_owned =
+          std::max(largest_owned, c.strategy == Strategy::ddp ? block : (block + o_.world - 1) / o_.world);
+    }
+    pc.per_op.push_back(cc);
+  }
+  pc.peak_bytes = std::max(pc.persistent_bytes + pc.activation_bytes + pc.transient_bytes,
+                           pc.persistent_bytes + 4 * largest_owned);
+  pc.samples_per_s = static_cast<double>(o_.global_batch) / (pc.step_ms / 1e3);
+  pc.tokens_per_s = pc.samples_per_s * (model_.is_classifier() ? 1.0 : static_cast<double>(model_.seq_len));
+  return pc;
+}
+
+ClusterSpec load_cluster(const std::string& path) {
+  const std::string text = read_file(path, "--cluster");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError("--cluster " + path + ": not valid JSON (" + e.what() + ")");
+  }
+  ClusterSpec c;
+  const std::string what = "--cluster " + path;
+  try {
+    c.name = j.value("name", path);
+    c.devices = j.at("devices").get<int>();
+    c.devices_per_node = j.value("devices_per_node", c.devices);
+    const auto& mem = j.at("memory_per_device");
+    c.memory_bytes = mem.is_string() ? parse_bytes(mem.get<std::string>(), what + ": memory_per_device")
+                                     : mem.get<int64_t>();
+    c.peak_flops = j.at("peak_flops").get<double>();
+    c.achievable_fraction = j.value("achievable_fraction", 0.5);
+    c.memory_bandwidth = j.value("memory_bandwidth_GBps", 1000.0) * 1e9;
+    c.intra_bandwidth = j.at("intra_node").at("bandwidth_GBps").get<double>() * 1e9;
+    c.intra_latency = j.at("intra_node").at("latency_us").get<double>() * 1e-6;
+    if (j.contains("inter_node")) {
+      c.inter_bandwidth = j["inter_node"].at("bandwidth_GBps").get<double>() * 1e9;
+      c.inter_latency = j["inter_node"].at("latency_us").get<double>() * 1e-6;
+    } else {
+      c.inter_bandwidth = c.intra_bandwidth, c.inter_latency = c.intra_latency;
+    }
+    c.overlap_slowdown = j.value("overlap_slowdown", 1.1);
+    c.activation_bytes_per_element = j.value("activation_bytes_per_element", 2);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(what + ": missing or mistyped field (" + std::string(e.what()) + ")");
+  }
+  if (c.devices < 1 || c.devices_per_node < 1 || c.memory_bytes <= 0 || !(c.peak_flops > 0) ||
+      !(c.achievable_fraction > 0 && c.achievable_fraction <= 1) || !(c.intra_bandwidth > 0) ||
+      !(c.inter_bandwidth > 0) || c.intra_latency < 0 || c.inter_latency < 0 || !(c.memory_bandwidth > 0) ||
+      !(c.overlap_slowdown >= 1) || c.activation_bytes_per_element < 1)
+    throw UsageError(what +
+                     ": a value is out of range (devices, memory, flops and bandwidths must be positive; "
+                     "achievable_fraction in (0, 1]; overlap_slowdown >= 1)");
+  return c;
+}
+
+}  // namespace slimshard

@@ -1,0 +1,436 @@
+// profile.cpp — measures what the cost model needs on the real hardware: per-op forward and backward time and
+// activation bytes at each micro-batch, a latency + bandwidth fit per collective at this world size, how much
+// compute slows while communication runs, and the optimizer's time per element. Reads and checks profile
+// files.
+#include <ATen/Parallel.h>
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <thread>
+
+#include "slimshard/comm.h"
+#include "slimshard/common.h"
+#include "slimshard/memory.h"
+#include "slimshard/optim.h"
+#include "slimshard/plan.h"
+#include "slimshard/shard.h"
+
+namespace slimshard {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+// t = α + β·bytes minimising the squared relative error (small and large sizes count alike); α, β ≥ 0.
+// Residual: RMS of the relative error.
+CollectiveFit fit(const std::vector<std::pair<double, double>>& pts) {
+  CollectiveFit f;
+  f.points = pts;
+  double S = 0, Sx = 0, Sy = 0, Sxx = 0, Sxy = 0;
+  for (auto [x, y] : pts) {
+    const double w = 1.0 / std::max(1e-9, y * y);
+    S += w, Sx += w * x, Sy += w * y, Sxx += w * x * x, Sxy += w * x * y;
+  }
+  const double det = S * Sxx - Sx * Sx;
+  f.beta_ms_per_byte = det > 0 ? (S * Sxy - Sx * Sy) / det : 0;
+  f.alpha_ms = (Sy - f.beta_ms_per_byte * Sx) / S;
+  if (f.alpha_ms < 0) f.alpha_ms = 0, f.beta_ms_per_byte = Sxx > 0 ? Sxy / Sxx : 0;
+  if (f.beta_ms_per_byte < 0) f.beta_ms_per_byte = 0, f.alpha_ms = Sy / S;
+  double r = 0;
+  for (auto [x, y] : pts) r += std::pow((f.ms(x) - y) / y, 2);
+  f.residual = std::sqrt(r / static_cast<double>(pts.size()));
+  return f;
+}
+
+// Per-op forward/backward time (the span since the previous op ended) and activation bytes at micro-batch b.
+void profile_compute(const ModelConfig& cfg, int64_t b, const ProfileOptions& o, uint64_t seed, Profile& p) {
+  auto model = build_model(cfg, seed);
+  at::manual_seed(static_cast<int64_t>(seed));
+  at::Tensor x, y;
+  if (cfg.is_classifier()) {
+    x = at::randn({b, 1, cfg.image, cfg.image});
+    y = at::randint(0, cfg.classes, {b}, at::kLong);
+  } else {
+    x = at::randint(0, cfg.vocab, {b, cfg.seq_len}, at::kLong);
+    y = at::randint(0, cfg.vocab, {b, cfg.seq_len}, at::kLong);
+  }
+  std::map<std::string, std::vector<double>> fwd, bwd;
+  std::vector<double> loss_fwd, loss_bwd;
+  std::map<std::string, double> f_now, b_now;
+  auto mark = Clock::now();
+  set_op_observer([&](const Op& op, bool backward) {
+    const auto now = Clock::now();
+    (backward ? b_now : f_now)[op.name()] += std::chrono::duration<double, std::milli>(now - mark).count();
+    mark = now;
+  });
+  try {
+    for (int it = 0; it < o.warmup + o.repeats; ++it) {
+      for (ShardedParam* q : model->params().all()) q->zero_grad();
+      f_now.clear(), b_now.clear();
+      mark = Clock::now();
+      at::Tensor loss = model->loss(x, y);
+      const double lf = ms_since(mark);
+      mark = Clock::now();
+      loss.backward();
+      const double lb = ms_since(mark);
+      if (it < o.warmup) continue;
+      for (auto& [k, v] : f_now) fwd[k].push_back(v);
+      for (auto& [k, v] : b_now) bwd[k].push_back(v);
+      loss_fwd.push_back(lf), loss_bwd.push_back(lb);
+    }
+  } catch (...) {
+    set_op_observer(nullptr);
+    throw;
+  }
+  set_op_observer(nullptr);
+  const ActivationProfile act = probe_activations(cfg, b, seed);
+  for (OpProfile& op : p.ops) {
+    op.fwd_ms[b] = median(fwd[op.name]);
+    op.bwd_ms[b] = median(bwd[op.name]);
+    auto it = act.op_bytes.find(op.name);
+    op.act_bytes[b] = it == act.op_bytes.end() ? 0 : it->second;
+  }
+  p.loss_fwd_ms[b] = median(loss_fwd);  // the span after the last op: the loss
+  p.loss_bwd_ms[b] =
+      median(loss_bwd);  // the backward's tail after the last op (the loss's own falls to lm_head)
+  auto lit = act.op_bytes.find("(loss)");
+  p.loss_act_bytes[b] = lit == act.op_bytes.end() ? 0 : lit->second;
+  p.backward_extra_bytes[b] = act.backward_extra;
+}
+
+// One training step as the trainer runs it (all ranks, one strategy everywhere), median over `steps` after
+// one warm-up step.
+double measure_step_ms(const ModelConfig& cfg, Strategy s, int64_t b, Communicator& comm, uint64_t seed,
+                       int steps) {
+  auto model = build_model(cfg, seed);
+  at::manual_seed(static_cast<int64_t>(seed) + comm.rank());
+  at::Tensor x, y;
+  if (cfg.is_classifier()) {
+    x = at::randn({b, 1, cfg.image, cfg.image});
+    y = at::randint(0, cfg.classes, {b}, at::kLong);
+  } else {
+    x = at::randint(0, cfg.vocab, {b, cfg.seq_len}, at::kLong);
+    y = at::randint(0, cfg.vocab, {b, cfg.seq_len}, at::kLong);
+  }
+  const auto params = model->params().all();
+  DataParallel dp(comm, params, std::vector<Strategy>(params.size(), s), DataParallel::Options{});
+  Optimizer opt(OptimConfig{});
+  opt.init_state(params);
+  std::vector<double> times;
+  for (int it = 0; it <= steps; ++it) {
+    comm.barrier()->wait();
+    const auto t = Clock::now();
+    for (ShardedParam* q : params) q->zero_grad();
+    at::Tensor loss = model->loss(x, y);
+    dp.begin_backward(0, 1);
+    loss.backward();
+    dp.end_backward(true);
+    const double norm = std::sqrt(dp.grad_sq_sum());
+    scale_grads(params, 1.0 / (norm + 1e-6));
+    opt.step(params, 1e-4);
+    dp.after_optimizer_step();
+    if (it > 0) times.push_back(ms_since(t));
+  }
+  return median(times);
+}
+
+double gemm_loop_ms(int n) {
+  at::Tensor a = at::randn({384, 384}), c = at::randn({384, 384});
+  const auto t = Clock::now();
+  for (int i = 0; i < n; ++i) a = at::mm(a, c).div_(384.0);
+  return ms_since(t);
+}
+
+}  // namespace
+
+Profile run_profile(const ModelConfig& model, const std::vector<int64_t>& micro_batches, Communicator& comm,
+                    const ProfileOptions& o, uint64_t seed) {
+  if (micro_batches.empty()) throw UsageError("--micro-batch: give at least one size");
+  Profile p;
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  p.machine = {{"host", host}, {"cpus", std::thread::hardware_concurrency()}, {"cpu", cpu_model()}};
+  p.world = comm.world();
+  p.threads = at::get_num_threads();
+  p.libtorch = TORCH_VERSION;
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  p.date = date;
+  p.model = model;
+  p.micro_batches = micro_batches;
+  p.ops = op_shapes(model);
+  // Compute: every rank runs it at the same time, so the figures include the contention training will see.
+  for (int64_t b : micro_batches) {
+    comm.barrier()->wait();
+    profile_compute(model, b, o, seed, p);
+  }
+  // Collectives at this world size, over a range of sizes.
+  for (Collective c : {Collective::all_gather, Collective::reduce_scatter, Collective::all_reduce}) {
+    std::vector<std::pair<double, double>> pts;
+    for (int64_t bytes = 16 << 10; bytes <= o.max_collective_bytes; bytes *= 4) {
+      const int64_t n = bytes / 4 / comm.world() * comm.world();
+      at::Tensor full = at::ones({n}), part = at::ones({n / comm.world()});
+      std::vector<double> times;
+      for (int it = 0; it < o.warmup + o.repeats; ++it) {
+        comm.barrier()->wait();
+        const auto t = Clock::now();
+        if (c == Collective::all_gather) comm.all_gather(full, part)->wait();
+        if (c == Collective::reduce_scatter) comm.reduce_scatter(part, full, ReduceOp::avg)->wait();
+        if (c == Collective::all_reduce) comm.all_reduce(full, ReduceOp::avg)->wait();
+        if (it >= o.warmup) times.push_back(ms_since(t));
+      }
+      pts.emplace_back(static_cast<double>(n * 4), median(times));
+    }
+    p.collectives[collective_name(c)] = fit(pts);
+  }
+  // Overlap: compute alone, then the same compute while all-gathers keep the comm thread busy.
+  {
+    comm.barrier()->wait();
+    std::vector<double> alone, together;
+    const int gemms = 60;
+    at::Tensor full = at::ones({(8 << 20) / 4 / comm.world() * comm.world()});
+    at::Tensor part = at::ones({full.numel() / comm.world()});
+    for (int it = 0; it < 3; ++it) {
+      comm.barrier()->wait();
+      alone.push_back(gemm_loop_ms(gemms));
+      comm.barrier()->wait();
+      std::vector<WorkPtr> works;
+      for (int i = 0; i < 12; ++i) works.push_back(comm.all_gather(full, part));
+      together.push_back(gemm_loop_ms(gemms));
+      for (auto& w : works) w->wait();
+    }
+    p.overlap_slowdown = comm.world() > 1 ? std::max(1.0, median(together) / median(alone)) : 1.0;
+  }
+  // Per element of the owned parameters, the work after backward: zeroing the gradient (before the next
+  // step), its norm and scaling (clipping), and AdamW.
+  {
+    ShardedParam q("probe", at::randn({1 << 20}), true);
+    q.shard(Strategy::ddp, 0, 1);
+    Optimizer opt(OptimConfig{});
+    opt.init_state({&q});
+    std::vector<double> times;
+    for (int it = 0; it < 5; ++it) {
+      q.grad().normal_();
+      const auto t = Clock::now();
+      const double norm = std::sqrt(q.grad().dot(q.grad()).item<double>());
+      q.grad().mul_(1.0 / (norm + 1e-6));
+      opt.step({&q}, 1e-3);
+      q.zero_grad();
+      times.push_back(ms_since(t));
+    }
+    p.optimizer_ns_per_element = median(times) * 1e6 / static_cast<double>(1 << 20);
+  }
+  // Calibration against real steps at the largest micro-batch: one with DDP everywhere, one with zero3.
+  // (1) Op times measured in isolation run a little faster than inside a whole step (the optimizer's state
+  // evicts caches, other ranks contend): they are scaled so that the model's DDP step equals the measured
+  // one. (2) What zero3 then costs beyond the model, per gather, is the latency of a gather waited for among
+  // busy threads.
+  {
+    const int64_t b = micro_batches.back();
+    CostOptions co;
+    co.world = comm.world();
+    co.global_batch = b * comm.world();
+    std::map<std::string, OpChoice> z3, dd;
+    int64_t gathers = 0;
+    for (const OpProfile& op : p.ops) {
+      z3[op.name] = OpChoice{Strategy::zero3, 1};
+      dd[op.name] = OpChoice{Strategy::ddp, 1};
+      gathers += 2 * static_cast<int64_t>(op.param_numels.size());
+    }
+    const double ddp_ms = measure_step_ms(model, Strategy::ddp, b, comm, seed, o.repeats);
+    const double z3_ms =
+        comm.world() > 1 ? measure_step_ms(model, Strategy::zero3, b, comm, seed, o.repeats) : ddp_ms;
+    const double scale = ddp_ms / CostModel::from_profile(p, co).evaluate(dd, b).step_ms;
+    if (scale > 0 && std::isfinite(scale)) {
+      for (OpProfile& op : p.ops) {
+        for (auto& [k, v] : op.fwd_ms) v *= scale;
+        for (auto& [k, v] : op.bwd_ms) v *= scale;
+      }
+      for (auto& [k, v] : p.loss_fwd_ms) v *= scale;
+      for (auto& [k, v] : p.loss_bwd_ms) v *= scale;
+    }
+    const CostModel m = CostModel::from_profile(p, co);
+    if (comm.world() > 1)
+      p.collective_overhead_ms =
+          std::max(0.0, (z3_ms - m.evaluate(z3, b).step_ms) / static_cast<double>(gathers));
+    p.measured_steps = {
+        {"micro_batch", b}, {"ddp_ms", ddp_ms}, {"zero3_ms", z3_ms}, {"compute_scale", scale}};
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+nlohmann::json profile_to_json(const Profile& p) {
+  auto by_b = [](const auto& m) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [b, v] : m) j[std::to_string(b)] = v;
+    return j;
+  };
+  nlohmann::json ops = nlohmann::json::array();
+  for (const OpProfile& o : p.ops)
+    ops.push_back({{"name", o.name},
+                   {"kind", o.kind},
+                   {"param_numels", o.param_numels},
+                   {"out_features", o.out_features},
+                   {"fwd_ms", by_b(o.fwd_ms)},
+                   {"bwd_ms", by_b(o.bwd_ms)},
+                   {"act_bytes", by_b(o.act_bytes)}});
+  nlohmann::json coll = nlohmann::json::object();
+  for (const auto& [k, f] : p.collectives)
+    coll[k] = {{"alpha_ms", f.alpha_ms},
+               {"beta_ms_per_byte", f.beta_ms_per_byte},
+               {"residual", f.residual},
+               {"points", f.points}};
+  return {{"format", "slimshard.profile"},
+          {"version", 1},
+          {"machine", p.machine},
+          {"world", p.world},
+          {"threads", p.threads},
+          {"libtorch", p.libtorch},
+          {"date", p.date},
+          {"model", p.model.to_json()},
+          {"micro_batches", p.micro_batches},
+          {"ops", ops},
+          {"loss",
+           {{"fwd_ms", by_b(p.loss_fwd_ms)},
+            {"bwd_ms", by_b(p.loss_bwd_ms)},
+            {"act_bytes", by_b(p.loss_act_bytes)}}},
+          {"backward_extra_bytes", by_b(p.backward_extra_bytes)},
+          {"collectives", coll},
+          {"overlap_slowdown", p.overlap_slowdown},
+          {"collective_overhead_ms", p.collective_overhead_ms},
+          {"measured_steps", p.measured_steps},
+          {"optimizer_ns_per_element", p.optimizer_ns_per_element}};
+}
+
+Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
+  Profile p;
+  auto bad = [&](const std::string& field, const std::string& why) -> UsageError {
+    return UsageError(what + ": " + field + ": " + why);
+  };
+  try {
+    if (!j.is_object() || j.value("format", "") != "slimshard.profile")
+      throw bad("format", "not a slimshard profile (expected \"format\": \"slimshard.profile\")");
+    if (j.at("version").get<int>() != 1) throw bad("version", "unsupported version");
+    p.machine = j.at("machine");
+    p.world = j.at("world").get<int>();
+    if (p.world < 1) throw bad("world", "must be >= 1");
+    p.threads = j.at("threads").get<int>();
+    p.libtorch = j.at("libtorch").get<std::string>();
+    p.date = j.value("date", "");
+    p.model = ModelConfig::from_json(j.at("model"), what + ": model");
+    p.micro_batches = j.at("micro_batches").get<std::vector<int64_t>>();
+    if (p.micro_batches.empty()) throw bad("micro_batches", "empty");
+    for (int64_t b : p.micro_batches)
+      if (b <= 0) throw bad("micro_batches", "sizes must be positive");
+    // Times are non-negative; an op's activation bytes may be negative (what frees after the previous op
+    // ended).
+    auto read_b = [&](const nlohmann::json& obj, const std::string& field, auto& out,
+                      bool signed_ok = false) {
+      for (int64_t b : p.micro_batches) {
+        const std::string key = std::to_string(b);
+        if (!obj.contains(key)) throw bad(field, "no value for micro-batch " + key);
+        using V = typename std::decay_t<decltype(out)>::mapped_type;
+        const V v = obj.at(key).template get<V>();
+        if ((!signed_ok && !(v >= 0)) || !std::isfinite(static_cast<double>(v)))
+          throw bad(field, "negative or not finite");
+        out[b] = v;
+      }
+    };
+    const std::vector<OpProfile> shapes = op_shapes(p.model);
+    const auto& ops = j.at("ops");
+    if (!ops.is_array() || ops.size() != shapes.size())
+      throw bad("ops", "expected " + std::to_string(shapes.size()) + " ops for this model");
+    for (size_t i = 0; i < ops.size(); ++i) {
+      OpProfile o = shapes[i];
+      if (ops[i].at("name").get<std::string>() != o.name)
+        throw bad("ops[" + std::to_string(i) + "]",
+                  "'" + ops[i].at("name").get<std::string>() + "', the model has '" + o.name + "'");
+      if (ops[i].at("param_numels").get<std::vector<int64_t>>() != o.param_numels)
+        throw bad("ops." + o.name, "parameter sizes do not match the model");
+      read_b(ops[i].at("fwd_ms"), "ops." + o.name + ".fwd_ms", o.fwd_ms);
+      read_b(ops[i].at("bwd_ms"), "ops." + o.name + ".bwd_ms", o.bwd_ms);
+      read_b(ops[i].at("act_bytes"), "ops." + o.name + ".act_bytes", o.act_bytes, true);
+      p.ops.push_back(o);
+    }
+    read_b(j.at("loss").at("fwd_ms"), "loss.fwd_ms", p.loss_fwd_ms);
+    read_b(j.at("loss").at("bwd_ms"), "loss.bwd_ms", p.loss_bwd_ms);
+    read_b(j.at("loss").at("act_bytes"), "loss.act_bytes", p.loss_act_bytes, true);
+    read_b(j.at("backward_extra_bytes"), "backward_extra_bytes", p.backward_extra_bytes);
+    for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"}) {
+      const auto& c = j.at("collectives").at(k);
+      CollectiveFit f;
+      f.alpha_ms = c.at("alpha_ms").get<double>();
+      f.beta_ms_per_byte = c.at("beta_ms_per_byte").get<double>();
+      f.residual = c.at("residual").get<double>();
+      if (!(f.alpha_ms >= 0) || !(f.beta_ms_per_byte >= 0))
+        throw bad(std::string("collectives.") + k, "negative fit");
+      if (c.contains("points")) f.points = c.at("points").get<std::vector<std::pair<double, double>>>();
+      p.collectives[k] = f;
+    }
+    p.overlap_slowdown = j.at("overlap_slowdown").get<double>();
+    if (!(p.overlap_slowdown >= 1) || p.overlap_slowdown > 100)
+      throw bad("overlap_slowdown", "must be in [1, 100]");
+    p.collective_overhead_ms = j.at("collective_overhead_ms").get<double>();
+    if (!(p.collective_overhead_ms >= 0)) throw bad("collective_overhead_ms", "negative");
+    p.optimizer_ns_per_element = j.at("optimizer_ns_per_element").get<double>();
+    if (!(p.optimizer_ns_per_element >= 0)) throw bad("optimizer_ns_per_element", "negative");
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(what + ": missing or mistyped field (" + std::string(e.what()) + ")");
+  }
+  return p;
+}
+
+Profile load_profile(const std::string& path) {
+  const std::string text = read_file(path, "--profile");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError("--profile " + path + ": not valid JSON (" + e.what() + ")");
+  }
+  return profile_from_json(j, "--profile " + path);
+}
+
+Profile scale_profile(const Profile& p, int world) {
+  Profile q = p;
+  if (world == p.world) return q;
+  // Ring model: a collective moves (W-1)/W of the bytes (all-reduce twice) in W-1 steps of latency. Fit the
+  // measured α, β to per-step latency and bandwidth, then re-derive them at the new W.
+  auto share = [](int w, bool twice) { return (twice ? 2.0 : 1.0) * (w - 1) / static_cast<double>(w); };
+  for (auto& [k, f] : q.collectives) {
+    const bool ar = k == "all_reduce";
+    const double steps_old = (ar ? 2.0 : 1.0) * std::max(1, p.world - 1);
+    const double steps_new = (ar ? 2.0 : 1.0) * std::max(1, world - 1);
+    const double s_old = std::max(share(p.world, ar), 1e-9), s_new = share(world, ar);
+    f.alpha_ms = f.alpha_ms / steps_old * steps_new;
+    f.beta_ms_per_byte = f.beta_ms_per_byte / s_old * s_new;
+    f.points.clear();
+  }
+  q.world = world;
+  return q;
+}
+
+}  // namespace slimshard

@@ -1,0 +1,216 @@
+// test_planner.cpp — the OSDP search against brute force on small models (profile- and spec-based costs),
+// plans always within budget, the profile parser's checks, `plan` when nothing fits, and `train --strategy
+// osdp` under a limit staying within it.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+
+#include "helpers.h"
+#include "slimshard/common.h"
+#include "slimshard/plan.h"
+
+using namespace slimshard;
+
+namespace {
+
+std::string mpirun(int n) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -n " +
+         std::to_string(n) + " " + test::bin();
+}
+
+// A profile with made-up but plausible figures for `cfg`, so the search is tested on many cost landscapes.
+Profile synthetic_profile(const ModelConfig& cfg, int world, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(0.5, 2.0);
+  Profile p;
+  p.machine = {{"cpu", "synthetic"}};
+  p.world = world;
+  p.model = cfg;
+  p.micro_batches = {1, 2, 4};
+  p.ops = op_shapes(cfg);
+  for (OpProfile& op : p.ops)
+    for (int64_t b : p.micro_batches) {
+      int64_t n = 0;
+      for (int64_t k : op.param_numels) n += k;
+      op.fwd_ms[b] = 1e-5 * static_cast<double>(n) * static_cast<double>(b) * u(rng);
+      op.bwd_ms[b] = 2 * op.fwd_ms[b] * u(rng);
+      op.act_bytes[b] = static_cast<int64_t>(2e5 * static_cast<double>(b) * u(rng));
+    }
+  for (int64_t b : p.micro_batches)
+    p.loss_fwd_ms[b] = 0.1 * static_cast<double>(b), p.loss_bwd_ms[b] = 0.05, p.loss_act_bytes[b] = 1000 * b,
+    p.backward_extra_bytes[b] = 5000 * b;
+  for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"}) {
+    CollectiveFit f;
+    f.alpha_ms = 0.02 * u(rng);
+    f.beta_ms_per_byte = 1e-6 * u(rng);
+    p.collectives[k] = f;
+  }
+  p.overlap_slowdown = 1.0 + 0.3 * (u(rng) - 0.5);
+  p.collective_overhead_ms = 0.05 * u(rng);
+  p.optimizer_ns_per_element = 2 * u(rng);
+  return p;
+}
+
+void expect_same(const SearchResult& dp, const SearchResult& brute, const std::string& what) {
+  ASSERT_EQ(dp.fits, brute.fits) << what;
+  if (!dp.fits) return;
+  EXPECT_NEAR(dp.cost.step_ms, brute.cost.step_ms, 1e-9 * brute.cost.step_ms) << what;
+}
+
+}  // namespace
+
+TEST(Planner, OpShapesMatchTheBuiltModels) {
+  for (const char* name : {"gpt-tiny", "mlp", "cnn"}) {
+    const ModelConfig cfg = ModelConfig::preset_config(name);
+    const auto shapes = op_shapes(cfg);
+    auto model = build_model(cfg, 1);
+    ASSERT_EQ(shapes.size(), model->ops().size()) << name;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_EQ(shapes[i].name, model->ops()[i]->name());
+      EXPECT_EQ(shapes[i].param_numels, op_param_numels(*model->ops()[i])) << shapes[i].name;
+    }
+  }
+}
+
+TEST(Planner, SearchEqualsBruteForce) {
+  ModelConfig gpt = ModelConfig::preset_config("gpt-tiny");
+  gpt.n_layer = 1;                                            // 10 ops
+  const ModelConfig mlp = ModelConfig::preset_config("mlp");  // 3 ops, with splits
+  int checked = 0, fitted = 0;
+  for (unsigned seed = 1; seed <= 3; ++seed)
+    for (const ModelConfig* cfg : std::vector<const ModelConfig*>{&gpt, &mlp}) {
+      CostOptions co;
+      co.world = 2;
+      co.global_batch = 8;
+      co.allow_splits = cfg == &mlp;  // 16 choices for 3 ops; 4 for the GPT's 10
+      const CostModel m = CostModel::from_profile(synthetic_profile(*cfg, 2, seed), co);
+      // Budgets from the smallest to the largest plan, and none.
+      SearchOptions tiny;
+      tiny.mem_limit = 1;  // nothing fits: the baseline reports its smallest peak over micro-batches
+      const SearchResult frugal = uniform_baseline(m, Strategy::zero3, tiny);
+      const SearchResult roomy = uniform_baseline(m, Strategy::ddp, SearchOptions{});
+      for (double f : {0.0, 0.5, 0.98, 1.0, 1.05, 1.5, 2.0}) {
+        SearchOptions so;
+        so.memory_buckets = 64;  // coarse: the rounding itself is part of what must agree
+        so.mem_limit = f == 0 ? 0 : static_cast<int64_t>(frugal.cost.peak_bytes * f);
+        if (f == 2.0) so.mem_limit = roomy.cost.peak_bytes;
+        const SearchResult dp = search_plan(m, so), brute = brute_force_plan(m, so);
+        expect_same(dp, brute, cfg->arch + " seed " + std::to_string(seed) + " limit x" + std::to_string(f));
+        if (dp.fits && so.mem_limit > 0) {
+          EXPECT_LE(dp.cost.peak_bytes, so.mem_limit);
+        }
+        if (!dp.fits) {
+          EXPECT_NE(dp.explanation.find("nothing fits"), std::string::npos);
+        }
+        ++checked, fitted += dp.fits;
+      }
+    }
+  EXPECT_EQ(checked, 42);
+  EXPECT_GT(fitted, 20);  // most budgets admit a plan; some do not
+  EXPECT_LT(fitted, 42);
+}
+
+TEST(Planner, ClusterSpecPlansFitAndBeatUniformZero3) {
+  const std::string spec = std::string(SLIMSHARD_SOURCE_DIR) + "/examples/clusters/8xgpu-24gb-pcie3.json";
+  ModelConfig cfg = ModelConfig::preset_config("gpt");
+  cfg.n_layer = 12, cfg.n_embd = 1536, cfg.n_head = 16, cfg.seq_len = 1024, cfg.vocab = 50257;
+  CostOptions co;
+  co.world = 8;
+  co.global_batch = 32;
+  const ClusterSpec c = load_cluster(spec);
+  const CostModel m = CostModel::from_cluster(c, cfg, co, {1, 2, 4});
+  for (int64_t limit : {c.memory_bytes, c.memory_bytes / 2, c.memory_bytes / 4}) {
+    SearchOptions so;
+    so.mem_limit = limit;
+    const SearchResult r = search_plan(m, so);
+    const SearchResult z3 = uniform_baseline(m, Strategy::zero3, so);
+    if (!r.fits) {
+      EXPECT_FALSE(z3.fits);
+      continue;
+    }
+    EXPECT_LE(r.cost.peak_bytes, limit);
+    if (z3.fits) {  // zero3 everywhere is one candidate
+      EXPECT_LE(r.cost.step_ms, z3.cost.step_ms * (1 + 1e-9));
+    }
+  }
+}
+
+TEST(Planner, PlanCommandBadProfilesAndBudgets) {
+  const std::string dir = test::scratch_dir();
+  auto prof = test::run(mpirun(2) + " profile --model gpt-tiny --micro-batch 2,4 --repeats 2 --out " + dir +
+                        "/p.json");
+  ASSERT_EQ(prof.code, 0) << prof.output;
+  const std::string base = test::bin() + " plan --model gpt-tiny --batch-size 8 ";
+  auto ok = test::run(base + "--profile " + dir + "/p.json --mem-limit 64MiB --out " + dir +
+                      "/plan.json --svg " + dir + "/plan.svg");
+  ASSERT_EQ(ok.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("zero3 everywhere"), std::string::npos) << ok.output;
+  const std::string svg = read_file(dir + "/plan.svg", "test");
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  EXPECT_NE(svg.find("Predicted throughput"), std::string::npos);
+  // The plan file is a plan `train` accepts.
+  EXPECT_NO_THROW(load_plan(dir + "/plan.json"));
+
+  auto none = test::run(base + "--profile " + dir + "/p.json --mem-limit 1MiB");
+  EXPECT_EQ(none.code, 2) << none.output;
+  EXPECT_NE(none.output.find("nothing fits in 1.0 MiB per rank"), std::string::npos) << none.output;
+  // It says why: by how much the most frugal plan misses, or that one micro-batch's activations alone do.
+  EXPECT_TRUE(none.output.find(" over (persistent") != std::string::npos ||
+              none.output.find("alone take") != std::string::npos)
+      << none.output;
+
+  auto other_world = test::run(base + "--profile " + dir + "/p.json --world 4 --mem-limit 64MiB");
+  EXPECT_EQ(other_world.code, 2) << other_world.output;
+  EXPECT_NE(other_world.output.find("--scale-profile"), std::string::npos) << other_world.output;
+  EXPECT_EQ(test::run(base + "--profile " + dir +
+                      "/p.json --world 4 --scale-profile --mem-limit 64MiB --out " + dir + "/p4.json")
+                .code,
+            0);
+
+  // Broken profiles: each is refused with exit 2 naming the file and what is wrong.
+  const std::string good = read_file(dir + "/p.json", "test");
+  auto j = nlohmann::json::parse(good);
+  auto expect_bad = [&](const std::string& name, const std::string& text, const std::string& needle) {
+    write_file_atomic(dir + "/" + name, text);
+    auto r = test::run(base + "--profile " + dir + "/" + name + " --mem-limit 64MiB");
+    EXPECT_EQ(r.code, 2) << name << "\n" << r.output;
+    EXPECT_NE(r.output.find(name), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << name << "\n" << r.output;
+  };
+  expect_bad("trunc.json", good.substr(0, good.size() / 2), "not valid JSON");
+  auto k = j;
+  k["format"] = "something";
+  expect_bad("format.json", k.dump(), "not a slimshard profile");
+  k = j;
+  k.erase("collectives");
+  expect_bad("missing.json", k.dump(), "missing or mistyped");
+  k = j;
+  k["ops"][3]["fwd_ms"]["2"] = -1.0;
+  expect_bad("negative.json", k.dump(), "negative");
+  k = j;
+  k["model"]["n_layer"] = 3;
+  expect_bad("model.json", k.dump(), "ops");
+  k = j;
+  k["overlap_slowdown"] = 0.5;
+  expect_bad("overlap.json", k.dump(), "overlap_slowdown");
+}
+
+TEST(Planner, TrainOsdpStaysWithinItsBudget) {
+  const std::string dir = test::scratch_dir();
+  const int64_t limit = 72 << 20;
+  auto r = test::run(mpirun(2) +
+                     " train --model gpt-small --data kjv --batch-size 8 --steps 3 --eval-rows 4 "
+                     "--strategy osdp --mem-limit " +
+                     std::to_string(limit) + " --metrics " + dir + "/m.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("osdp plan"), std::string::npos) << r.output;
+  const auto summary = test::read_jsonl(dir + "/m.jsonl").back();
+  EXPECT_LE(summary["peak_bytes"].get<int64_t>(), limit);
+  // With a budget nothing fits: exit 2 and the explanation, on every rank's behalf.
+  auto none = test::run(mpirun(2) +
+                        " train --model gpt-small --data kjv --batch-size 8 --steps 3 --strategy osdp "
+                        "--mem-limit 8MiB");
+  EXPECT_EQ(none.code, 2) << none.output;
+  EXPECT_NE(none.output.find("nothing fits"), std::string::npos) << none.output;
+}
