@@ -242,16 +242,12 @@ Profile run_profile(const ModelConfig& model, const std::vector<int64_t>& micro_
     }
     p.optimizer_ns_per_element = median(times) * 1e6 / static_cast<double>(1 << 20);
   }
-  // Calibration against real steps at the largest micro-batch: one with DDP everywhere, one with zero3.
-  // (1) Op times measured in isolation run a little faster than inside a whole step (the optimizer's state
-  // evicts caches, other ranks contend): they are scaled so that the model's DDP step equals the measured
-  // one. (2) What zero3 then costs beyond the model, per gather, is the latency of a gather waited for among
-  // busy threads.
+  // Calibration against real steps. (1) Op times measured in isolation run a little faster than inside a
+  // whole step (the optimizer's state evicts caches, the other ranks contend), and by how much depends on the
+  // micro-batch: at each one, a real DDP step is measured and that micro-batch's op times are scaled so that
+  // the model's DDP step equals it. (2) What a zero3 step (largest micro-batch) then costs beyond the model,
+  // per gather, is the latency of a gather waited for among busy threads.
   {
-    const int64_t b = micro_batches.back();
-    CostOptions co;
-    co.world = comm.world();
-    co.global_batch = b * comm.world();
     std::map<std::string, OpChoice> z3, dd;
     int64_t gathers = 0;
     for (const OpProfile& op : p.ops) {
@@ -259,24 +255,30 @@ Profile run_profile(const ModelConfig& model, const std::vector<int64_t>& micro_
       dd[op.name] = OpChoice{Strategy::ddp, 1};
       gathers += 2 * static_cast<int64_t>(op.param_numels.size());
     }
-    const double ddp_ms = measure_step_ms(model, Strategy::ddp, b, comm, seed, o.repeats);
-    const double z3_ms =
-        comm.world() > 1 ? measure_step_ms(model, Strategy::zero3, b, comm, seed, o.repeats) : ddp_ms;
-    const double scale = ddp_ms / CostModel::from_profile(p, co).evaluate(dd, b).step_ms;
-    if (scale > 0 && std::isfinite(scale)) {
-      for (OpProfile& op : p.ops) {
-        for (auto& [k, v] : op.fwd_ms) v *= scale;
-        for (auto& [k, v] : op.bwd_ms) v *= scale;
+    nlohmann::json steps = nlohmann::json::object();
+    for (int64_t b : micro_batches) {
+      CostOptions co;
+      co.world = comm.world();
+      co.global_batch = b * comm.world();
+      const double ddp_ms = measure_step_ms(model, Strategy::ddp, b, comm, seed, o.repeats);
+      const double scale = ddp_ms / CostModel::from_profile(p, co).evaluate(dd, b).step_ms;
+      if (scale > 0 && std::isfinite(scale)) {
+        for (OpProfile& op : p.ops) op.fwd_ms[b] *= scale, op.bwd_ms[b] *= scale;
+        p.loss_fwd_ms[b] *= scale, p.loss_bwd_ms[b] *= scale;
       }
-      for (auto& [k, v] : p.loss_fwd_ms) v *= scale;
-      for (auto& [k, v] : p.loss_bwd_ms) v *= scale;
+      steps[std::to_string(b)] = {{"ddp_ms", ddp_ms}, {"compute_scale", scale}};
     }
-    const CostModel m = CostModel::from_profile(p, co);
-    if (comm.world() > 1)
-      p.collective_overhead_ms =
-          std::max(0.0, (z3_ms - m.evaluate(z3, b).step_ms) / static_cast<double>(gathers));
-    p.measured_steps = {
-        {"micro_batch", b}, {"ddp_ms", ddp_ms}, {"zero3_ms", z3_ms}, {"compute_scale", scale}};
+    const int64_t b = micro_batches.back();
+    if (comm.world() > 1) {
+      CostOptions co;
+      co.world = comm.world();
+      co.global_batch = b * comm.world();
+      const double z3_ms = measure_step_ms(model, Strategy::zero3, b, comm, seed, o.repeats);
+      const double predicted = CostModel::from_profile(p, co).evaluate(z3, b).step_ms;
+      p.collective_overhead_ms = std::max(0.0, (z3_ms - predicted) / static_cast<double>(gathers));
+      steps[std::to_string(b)]["zero3_ms"] = z3_ms;
+    }
+    p.measured_steps = steps;
   }
   return p;
 }

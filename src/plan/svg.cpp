@@ -151,7 +151,7 @@ std::string plan_svg(const CostModel& model, const SearchResult& plan,
         << num(r.cost.peak_bytes / mib) << " MiB)</text>\n";
       continue;
     }
-    const double w = r.cost.tokens_per_s / fastest * bar_w;
+    const double w = r.cost.tokens_per_s / fastest * (bar_w - 120);
     s << "<rect x='" << left << "' y='" << y << "' width='" << num(w) << "' height='20' fill='"
       << (i == 0 ? "#76b7b2" : "#9c9c9c") << "'/>\n<text x='" << num(left + w + 6) << "' y='" << y + 15
       << "'>" << num(r.cost.tokens_per_s, 0) << " (" << num(r.cost.tokens_per_s / plan.cost.tokens_per_s, 2)
