@@ -12,9 +12,9 @@
 
 using namespace slimshard;
 
-namespace {
+Communicator* g_comm = nullptr;  // also used by test_slim_mpi.cpp
 
-Communicator* g_comm = nullptr;
+namespace {
 
 at::Tensor input(int rank, int64_t n, at::ScalarType dtype, int salt) {
   at::manual_seed(1000 * salt + rank);

@@ -17,9 +17,10 @@ class Communicator;
 class Work;
 class ShardedParam;
 
-enum class Strategy { ddp, zero1, zero2, zero3 };
+// slim: replicated like ddp, but gradients stay local; Slim-DP (src/slim) synchronises the weights lightly.
+enum class Strategy { ddp, zero1, zero2, zero3, slim };
 const char* strategy_name(Strategy s);
-// Throws UsageError naming `what` for anything but ddp|zero1|zero2|zero3.
+// Throws UsageError naming `what` for anything but ddp|zero1|zero2|zero3|slim.
 Strategy parse_strategy(const std::string& s, const std::string& what);
 
 // Where a zero3 param's full value comes from when an op materializes it: the Prefetcher (gathers K ahead).
@@ -49,6 +50,7 @@ class ShardedParam {
   //   zero1 full param, full grad, 1/N grad shard and optimizer state
   //   zero2 full param, 1/N grad (the full grad exists only until reduce-scattered), 1/N optimizer state
   //   zero3 1/N param, 1/N grad, 1/N optimizer state; the full param only between materialize() and release()
+  //   slim  as ddp, the gradient in its own storage (never reduced)
   void shard(Strategy s, int rank, int world);
   int64_t padded_numel() const { return padded_; }
   int64_t shard_numel() const { return shard_numel_; }
@@ -91,6 +93,9 @@ class ShardedParam {
   int64_t resident_bytes() const;
   // ddp: makes the gradient live in `flat` (numel() elements, a slice of a bucket), zeroed.
   void set_grad_storage(const at::Tensor& flat);
+  // ddp/slim: moves the value into `flat` (numel() elements, e.g. a slice of one buffer for many params), so
+  // that work over many params is one op over that buffer. Before the optimizer state exists.
+  void set_value_storage(const at::Tensor& flat);
 
  private:
   std::string name_;

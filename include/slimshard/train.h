@@ -7,6 +7,7 @@
 #include "slimshard/data.h"
 #include "slimshard/nn.h"
 #include "slimshard/optim.h"
+#include "slimshard/slim.h"
 
 namespace slimshard {
 
@@ -38,6 +39,8 @@ struct TrainOptions {
   bool verbose = false;
   int64_t log_every = 0;  // plain progress lines every N steps when stderr is not a terminal; 0 = ~20 lines
   int64_t bucket_bytes = 25 << 20;  // DDP gradient bucket size
+  SlimOptions slim;                 // for ops whose strategy is slim
+  bool allow_slim = false;          // osdp: the search may choose slim for replicated ops
   // Testing aid: "sleep:R:S", "exit:R:S" or "kill:R:S" makes rank R sleep, exit or SIGKILL itself at step S.
   std::string fault;
 };

@@ -168,13 +168,7 @@ Runner add_bench(CLI::App& app) {
       RunResult pr = run_command(cmd, dir + "/profile.log");
       if (pr.code != 0) throw RuntimeError("bench: profiling failed: " + last_error_line(pr.output));
     }
-    CostOptions co;
-    co.world = f->ranks;
-    co.global_batch = base.batch_size;
-    co.prefetch = base.prefetch;
-    co.optim_states = base.optim.name == "adamw" ? 2 : (base.optim.momentum != 0 ? 1 : 0);
-    co.bucket_bytes = base.bucket_bytes;
-    const CostModel cost = CostModel::from_profile(load_profile(profile_path), co);
+    const CostModel cost = CostModel::from_profile(load_profile(profile_path), cost_options(base, f->ranks));
     nlohmann::json results = nlohmann::json::array();
     ActivationProfile probe;
     for (size_t i = 0; i < entries.size(); ++i) {

@@ -48,7 +48,7 @@ Runner add_memory(CLI::App& app) {
   sub->add_option("--world", f->world, "ranks")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   sub->add_option("--strategy", o.strategy, "ddp | zero1 | zero2 | zero3 for every op")
       ->capture_default_str()
-      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}));
+      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3", "slim"}));
   sub->add_option("--plan", o.plan_file, "per-op strategies and splits (JSON)");
   sub->add_option("--batch-size", o.batch_size, "global batch in rows")
       ->capture_default_str()

@@ -71,8 +71,9 @@ void print_plan(const CostModel& m, const SearchResult& r,
 
 std::vector<std::pair<std::string, SearchResult>> baselines(const CostModel& m, const SearchOptions& so) {
   std::vector<std::pair<std::string, SearchResult>> out;
-  for (Strategy s : {Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3})
-    out.emplace_back(strategy_name(s), uniform_baseline(m, s, so));
+  for (Strategy s : {Strategy::ddp, Strategy::slim, Strategy::zero1, Strategy::zero2, Strategy::zero3})
+    if (s != Strategy::slim || m.options().allow_slim)
+      out.emplace_back(strategy_name(s), uniform_baseline(m, s, so));
   return out;
 }
 
@@ -133,16 +134,24 @@ Runner add_profile(CLI::App& app) {
   };
 }
 
-// The cost model a plan is made from: a profile or a cluster spec.
-CostModel cost_model_for(const TrainOptions& o, int world, const std::string& profile,
-                         const std::string& cluster, const std::string& micro, bool scale, bool splits) {
-  if (profile.empty() == cluster.empty()) throw UsageError("give one of --profile or --cluster");
+CostOptions cost_options(const TrainOptions& o, int world) {
   CostOptions co;
   co.world = world;
   co.global_batch = o.batch_size;
   co.prefetch = o.prefetch;
   co.optim_states = o.optim.name == "adamw" ? 2 : (o.optim.momentum != 0 ? 1 : 0);
   co.bucket_bytes = o.bucket_bytes;
+  co.allow_slim = o.allow_slim;
+  co.slim_fraction = o.slim.core + o.slim.explore * (1 - o.slim.core);
+  co.slim_period = o.slim.period;
+  return co;
+}
+
+// The cost model a plan is made from: a profile or a cluster spec.
+CostModel cost_model_for(const TrainOptions& o, int world, const std::string& profile,
+                         const std::string& cluster, const std::string& micro, bool scale, bool splits) {
+  if (profile.empty() == cluster.empty()) throw UsageError("give one of --profile or --cluster");
+  CostOptions co = cost_options(o, world);
   co.allow_splits = splits;
   if (!profile.empty()) {
     Profile p = load_profile(profile);
@@ -189,6 +198,8 @@ Runner add_plan(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"adamw", "sgd"}));
   sub->add_flag("--no-splits", f->no_splits, "do not split operators");
+  sub->add_flag("--allow-slim", o.allow_slim, "Slim-DP may be chosen for replicated ops (see --slim-*)");
+  add_slim_flags(sub, o.slim);
   sub->add_option("--out", f->out, "plan file to write")->capture_default_str();
   sub->add_option("--svg", f->svg, "also draw the plan as an SVG page");
   sub->add_flag("--quiet", f->quiet, "totals only, no per-op table");

@@ -35,6 +35,25 @@ void add_model_flags(CLI::App* sub, TrainFlags& f) {
   f.o_vocab = sub->add_option("--vocab", f.vocab, "GPT: vocabulary size (256 for byte-level text)");
 }
 
+void add_slim_flags(CLI::App* sub, SlimOptions& s) {
+  sub->add_option("--slim-period", s.period, "Slim-DP: steps per communication round (tau)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--slim-core", s.core, "Slim-DP: fraction of each tensor in the core (alpha)")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-9, 1.0));
+  sub->add_option("--slim-explore", s.explore, "Slim-DP: fraction of the rest explored per round (beta)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--slim-refresh", s.refresh, "Slim-DP: rounds between core refreshes (q)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--slim-full-sync", s.full_sync_every,
+                  "Slim-DP: a full synchronisation every N rounds (0 = off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
 void add_train_flags(CLI::App* sub, TrainFlags& f) {
   TrainOptions& o = f.o;
   add_model_flags(sub, f);
@@ -46,10 +65,13 @@ void add_train_flags(CLI::App* sub, TrainFlags& f) {
   sub->add_option("--val-data", o.data.val_spec,
                   "validation file (default: FILE_val.bin beside FILE_train.bin, "
                   "else the last 10% of --data)");
-  sub->add_option("--strategy", o.strategy,
-                  "ddp | zero1 | zero2 | zero3 for every op, or osdp: profile, plan under --mem-limit, train")
+  sub->add_option(
+         "--strategy", o.strategy,
+         "ddp | zero1 | zero2 | zero3 | slim for every op, or osdp: profile, plan under --mem-limit, train")
       ->capture_default_str()
-      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3", "osdp"}));
+      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3", "slim", "osdp"}));
+  add_slim_flags(sub, o.slim);
+  sub->add_flag("--allow-slim", o.allow_slim, "osdp: Slim-DP may be chosen for replicated ops");
   sub->add_option("--profile", f.profile, "osdp: plan from this profile instead of profiling first");
   sub->add_option("--plan", o.plan_file,
                   "per-op strategies and splits from this JSON plan (overrides --strategy)");
@@ -151,12 +173,7 @@ void plan_osdp(TrainOptions& o, const TrainFlags& f, Communicator& comm) {
   if (comm.rank() == 0) {
     try {
       const std::string tmp = profile_text;
-      CostOptions co;
-      co.world = comm.world();
-      co.global_batch = o.batch_size;
-      co.prefetch = o.prefetch;
-      co.optim_states = o.optim.name == "adamw" ? 2 : (o.optim.momentum != 0 ? 1 : 0);
-      co.bucket_bytes = o.bucket_bytes;
+      const CostOptions co = cost_options(o, comm.world());
       nlohmann::json pj;
       try {
         pj = nlohmann::json::parse(tmp);

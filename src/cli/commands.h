@@ -41,6 +41,10 @@ TrainOptions train_options(const TrainFlags& f);
 // The estimate `memory` prints for the run `o` describes at `world` ranks; `probe_cache` (optional) keeps the
 // activation probe between calls at the same micro-batch.
 MemoryEstimate estimate_for(const TrainOptions& o, int world, ActivationProfile* probe_cache);
+// The cost model's options for a run at `world` ranks (batch, prefetch, optimizer states, buckets, Slim-DP).
+CostOptions cost_options(const TrainOptions& o, int world);
+// --slim-*: Slim-DP's parameters (train, plan).
+void add_slim_flags(CLI::App* sub, SlimOptions& s);
 // The cost model for a run: from a profile file or a cluster spec.
 CostModel cost_model_for(const TrainOptions& o, int world, const std::string& profile,
                          const std::string& cluster, const std::string& micro, bool scale, bool splits);

@@ -170,9 +170,12 @@ std::vector<int64_t> CostModel::micro_batches() const {
 std::vector<OpChoice> CostModel::candidates(size_t op) const {
   std::vector<OpChoice> out;
   const OpProfile& p = ops_.at(op);
-  for (Strategy s : {Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3})
+  std::vector<Strategy> strategies{Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3};
+  if (o_.allow_slim) strategies.push_back(Strategy::slim);
+  for (Strategy s : strategies)
     for (int k : {1, 2, 4, 8}) {
-      if (k > 1 && (!o_.allow_splits || p.kind != "linear" || p.out_features % k != 0)) continue;
+      if (k > 1 && (!o_.allow_splits || p.kind != "linear" || p.out_features % k != 0 || s == Strategy::slim))
+        continue;
       out.push_back(OpChoice{s, k});
     }
   return out;
@@ -229,6 +232,13 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
         backward_mid = backward_last = overlap(bwd, t_rs, f) + t_gather;
       }
       break;
+    case Strategy::slim: {
+      // Every `period` steps, an all-reduce of the selected fraction of the op's elements, after the step.
+      double n = 0;
+      for (int64_t numel : p.param_numels) n += static_cast<double>(numel);
+      if (multi) after = ar.ms(4.0 * n * o_.slim_fraction) / std::max(1, o_.slim_period);
+      break;
+    }
   }
   ChoiceCost cc;
   cc.choice = c;

@@ -83,6 +83,12 @@ ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c,
           m.gathered_block_bytes = std::max(m.gathered_block_bytes, kF * padded);
           m.grad_block_bytes = std::max(m.grad_block_bytes, kF * padded);
           break;
+        case Strategy::slim:
+          // As ddp, plus what Slim-DP keeps: the anchor and the signal (fp32 each), the core and selection
+          // masks (a byte each) and the packed round (4 bytes per selected element, ~1.3 at the defaults):
+          // ~11 bytes.
+          m.param_bytes += 3 * kF * n + 3 * n, m.grad_bytes += kF * n, m.optim_bytes += kF * optim_states * n;
+          break;
       }
     }
   }

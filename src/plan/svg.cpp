@@ -21,6 +21,8 @@ const char* color(Strategy s) {
       return "#59a14f";
     case Strategy::zero3:
       return "#e15759";
+    case Strategy::slim:
+      return "#b07aa1";
   }
   return "#999";
 }

@@ -85,7 +85,7 @@ DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params
   for (auto& w : works) w->wait();
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i]->shard(strategies[i], comm_.rank(), comm_.world());
-    if (strategies[i] != Strategy::ddp) any_sharded_ = true;
+    if (strategies[i] != Strategy::ddp && strategies[i] != Strategy::slim) any_sharded_ = true;
     if (strategies[i] == Strategy::zero3) {
       if (!prefetcher_) prefetcher_ = std::make_unique<Prefetcher>(comm_, o.prefetch);
       params_[i]->set_gatherer(prefetcher_.get());
@@ -135,6 +135,7 @@ void DataParallel::begin_backward(int64_t index, int64_t count) {
 void DataParallel::on_grad_ready(ShardedParam& p) {
   const bool last = micro_index_ == micro_count_ - 1;
   const Strategy s = p.strategy();
+  if (s == Strategy::slim) return;  // local gradients; Slim-DP synchronises the weights after the step
   if (s == Strategy::zero2 || s == Strategy::zero3) {
     // Every micro-batch: reduce-scatter now, free the full gradient once done. With accumulation the slice is
     // added to the owned gradient on the comm thread.
@@ -195,10 +196,13 @@ void DataParallel::end_backward(bool last) {
 double DataParallel::grad_sq_sum() {
   double replicated = 0;
   for (const auto& b : buckets_) replicated += b.flat.dot(b.flat).item<double>();
+  for (ShardedParam* p : params_)  // slim gradients are this rank's own: so is their norm
+    if (p->strategy() == Strategy::slim) replicated += p->grad().dot(p->grad()).item<double>();
   if (!any_sharded_) return replicated;
   at::Tensor sharded = at::zeros({1}, at::kDouble);
   for (ShardedParam* p : params_)
-    if (p->strategy() != Strategy::ddp) sharded += p->grad().dot(p->grad()).to(at::kDouble);
+    if (p->strategy() != Strategy::ddp && p->strategy() != Strategy::slim)
+      sharded += p->grad().dot(p->grad()).to(at::kDouble);
   comm_.all_reduce(sharded)->wait();
   return replicated + sharded.item<double>();
 }
@@ -232,7 +236,7 @@ std::vector<std::pair<std::string, at::Tensor>> DataParallel::full_values() {
 int64_t DataParallel::replicated_checksum() {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (ShardedParam* p : params_) {
-    if (p->strategy() == Strategy::zero3) continue;
+    if (p->strategy() == Strategy::zero3) continue;  // shards differ by construction
     at::Tensor t = p->full_value().contiguous();
     const auto* b = static_cast<const unsigned char*>(t.data_ptr());
     for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;

@@ -14,6 +14,8 @@ const char* strategy_name(Strategy s) {
       return "zero2";
     case Strategy::zero3:
       return "zero3";
+    case Strategy::slim:
+      return "slim";
   }
   return "?";
 }
@@ -23,7 +25,8 @@ Strategy parse_strategy(const std::string& s, const std::string& what) {
   if (s == "zero1") return Strategy::zero1;
   if (s == "zero2") return Strategy::zero2;
   if (s == "zero3") return Strategy::zero3;
-  throw UsageError(what + ": unknown strategy '" + s + "' (expected ddp, zero1, zero2 or zero3)");
+  if (s == "slim") return Strategy::slim;
+  throw UsageError(what + ": unknown strategy '" + s + "' (expected ddp, zero1, zero2, zero3 or slim)");
 }
 
 ShardedParam::ShardedParam(std::string name, const at::Tensor& init, bool decay)
@@ -35,7 +38,8 @@ void ShardedParam::set_value(const at::Tensor& full) {
   if (full.sizes().vec() != shape_)
     throw UsageError("param " + name_ + ": value of shape " + c10::str(full.sizes()) + ", expected " +
                      c10::str(at::IntArrayRef(shape_)));
-  if (strategy_ != Strategy::ddp) throw std::logic_error("set_value on sharded param " + name_);
+  if (strategy_ != Strategy::ddp && strategy_ != Strategy::slim)
+    throw std::logic_error("set_value on sharded param " + name_);
   at::NoGradGuard no_grad;
   const at::ScalarType dtype = at::isFloatingType(full.scalar_type()) ? full.scalar_type() : at::kFloat;
   if (full_.defined() && full_.scalar_type() == dtype) {
@@ -54,7 +58,7 @@ void ShardedParam::set_value(const at::Tensor& full) {
 void ShardedParam::shard(Strategy s, int rank, int world) {
   at::NoGradGuard no_grad;
   strategy_ = s;
-  if (s == Strategy::ddp) {
+  if (s == Strategy::ddp || s == Strategy::slim) {
     if (!grad_.defined()) grad_flat_ = grad_ = at::zeros_like(flat_), grad_full_ = grad_flat_.view(shape_);
     return;
   }
@@ -94,7 +98,7 @@ at::Tensor ShardedParam::grad_buffer() {
   if (!grad_full_.defined()) {  // zero2/zero3: the first gradient of this micro-batch (or an unsharded param)
     grad_flat_ = at::zeros({padded_}, master_.options());
     grad_full_ = grad_flat_.slice(0, 0, numel_).view(shape_);
-    if (strategy_ == Strategy::ddp) grad_ = grad_flat_;
+    if (strategy_ == Strategy::ddp || strategy_ == Strategy::slim) grad_ = grad_flat_;
   }
   return grad_full_;
 }
@@ -128,6 +132,15 @@ void ShardedParam::set_grad_storage(const at::Tensor& flat) {
   grad_ = grad_flat_ = flat;
   grad_.zero_();
   grad_full_ = flat.view(shape_);
+}
+
+void ShardedParam::set_value_storage(const at::Tensor& flat) {
+  if ((strategy_ != Strategy::ddp && strategy_ != Strategy::slim) || flat.numel() != numel_ ||
+      flat.scalar_type() != flat_.scalar_type())
+    throw std::logic_error("set_value_storage: " + name_ + ": not replicated, or wrong size or dtype");
+  flat.copy_(flat_);
+  master_ = flat_ = flat;
+  full_ = flat.view(shape_);
 }
 
 int64_t ShardedParam::resident_bytes() const {

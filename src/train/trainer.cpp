@@ -16,6 +16,7 @@
 #include "slimshard/common.h"
 #include "slimshard/memory.h"
 #include "slimshard/plan.h"
+#include "slimshard/slim.h"
 #include "slimshard/train.h"
 
 namespace slimshard {
@@ -88,6 +89,7 @@ class Trainer {
   Plan plan_;
   std::map<std::string, OpChoice> choices_;
   std::unique_ptr<DataParallel> dp_;  // after model_: destroyed before the params it hooks
+  std::unique_ptr<SlimSync> slim_;    // Slim-DP for the params whose strategy is slim
   std::vector<StepTimes> step_times_;
   std::vector<double> step_bytes_;  // communicated per training step (not counting evaluation)
   int64_t phase_peak_[static_cast<int>(memory::Phase::count)] = {};
@@ -139,6 +141,17 @@ void Trainer::setup() {
   params_ = model_->params().all();
   dp_ = std::make_unique<DataParallel>(comm_, params_, strategies,
                                        DataParallel::Options{o_.bucket_bytes, o_.prefetch});
+  std::vector<ShardedParam*> slim_params;
+  for (ShardedParam* p : params_)
+    if (p->strategy() == Strategy::slim) slim_params.push_back(p);
+  if (!slim_params.empty()) {
+    if (o_.slim.period < 1 || o_.slim.refresh < 1 || !(o_.slim.core > 0 && o_.slim.core <= 1) ||
+        !(o_.slim.explore >= 0 && o_.slim.explore <= 1) || o_.slim.full_sync_every < 0)
+      throw UsageError(
+          "--slim-*: period and refresh >= 1, core in (0, 1], explore in [0, 1], full-sync >= 0");
+    o_.slim.seed = o_.seed;
+    slim_ = std::make_unique<SlimSync>(comm_, slim_params, o_.slim);
+  }
   optim_ = std::make_unique<Optimizer>(o_.optim);
   optim_->init_state(params_);
   schedule_.lr = o_.lr;
@@ -224,6 +237,7 @@ double Trainer::train_step(int64_t step) {
   {
     memory::PhaseScope phase(memory::Phase::comm);
     dp_->after_optimizer_step();
+    if (slim_) slim_->after_step(step);
   }
   loss_work->wait();
   split(times.optimizer);
@@ -306,7 +320,14 @@ TrainSummary Trainer::run() {
                        {"lr", schedule_.at(step)}, {rate_key, units_per_step / dt},
                        {"step_ms", dt * 1e3},      {"peak_bytes", peak},
                        {"comm_bytes", step_bytes}};
+    if (slim_) rec["slim_fraction"] = (step + 1) % o_.slim.period == 0 ? slim_->last_fraction() : 0.0;
     const bool eval_now = (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == o_.steps;
+    if (eval_now && slim_) {
+      // How far the replicas drifted apart, then one model again for evaluation.
+      const SlimSync::Divergence d = slim_->divergence();
+      rec["divergence_max"] = d.max, rec["divergence_mean"] = d.mean;
+      slim_->full_sync();
+    }
     if (eval_now) {
       EvalResult ev = evaluate();
       s.val_loss = ev.loss, s.val_acc = ev.acc;
@@ -341,6 +362,13 @@ TrainSummary Trainer::run() {
                 step_s.end()));
   s.tokens_per_s = units_per_step / (s.step_ms_median / 1e3);
   s.comm_bytes = comm_.total_bytes();
+  // (Slim-DP's final full synchronisation happened at the last step's evaluation.)
+  bool same_selection = true;
+  if (slim_) {
+    at::Tensor digests = at::empty({world_}, at::kLong);
+    comm_.all_gather(digests, at::full({1}, slim_->selection_digest(), at::kLong))->wait();
+    same_selection = digests.eq(digests[0]).all().item<bool>();
+  }
   // Every rank must end with the same weights: compare checksums.
   at::Tensor sums = at::empty({world_}, at::kLong);
   comm_.all_gather(sums, at::full({1}, dp_->replicated_checksum(), at::kLong))->wait();
@@ -375,6 +403,9 @@ TrainSummary Trainer::run() {
                        {"comm_bytes_per_step", median(step_bytes_)},
                        {"comm_bytes_by_kind", by_kind},
                        {"weights_identical", s.weights_identical},
+                       {"slim_rounds", slim_ ? slim_->rounds() : 0},
+                       {"slim_selection_digest", slim_ ? slim_->selection_digest() : 0},
+                       {"slim_selection_identical", same_selection},
                        {"weights_checksum", sums[0].item<int64_t>()},
                        {"val_loss", s.val_loss},
                        {"wall_s", s.wall_s},

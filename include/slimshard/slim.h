@@ -1,0 +1,71 @@
+// slim.h — Slim-DP (Sun et al., arXiv 1709.09393) for replicated parameters: ranks train on their own slices
+// with their own optimizers and, every τ steps, average their model deltas only over S = core ∪ explorer —
+// the core being the most significant parameters (refreshed every q rounds), the explorer a fresh uniform
+// draw of the rest — packed into one dense vector over indices every rank already knows. The formulas are in
+// docs/slim-dp.md.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace slimshard {
+
+class Communicator;
+class ShardedParam;
+
+struct SlimOptions {
+  int period = 1;           // τ: steps per communication round
+  double core = 0.25;       // α: fraction of each tensor in the core
+  double explore = 0.1;     // β: fraction of the non-core elements explored per round
+  int refresh = 10;         // q: rounds between core refreshes
+  int full_sync_every = 0;  // rounds between full synchronisations (0 = only at the end and before eval/save)
+  uint64_t seed = 1337;     // shared by every rank: the explorer draw is the same everywhere
+};
+
+class SlimSync {
+ public:
+  SlimSync(Communicator& comm, std::vector<ShardedParam*> params, const SlimOptions& o);
+  // After optimizer step `step` (0-based): a round when (step + 1) is a multiple of τ.
+  void after_step(int64_t step);
+  // Every element averaged: the model is one model again (end of training, before evaluation and saving).
+  void full_sync();
+
+  int64_t rounds() const { return rounds_; }
+  // Fraction of the slim elements exchanged in the last round (1 after a full sync).
+  double last_fraction() const { return last_fraction_; }
+  // Flat indices (into the slim params in the order given, concatenated) that round `round` selects, in
+  // increasing order; and the current core. For tests and inspection.
+  at::Tensor selection(int64_t round) const;
+  at::Tensor core() const;
+  // A digest of every selection so far: equal on all ranks when they all chose the same elements.
+  int64_t selection_digest() const { return static_cast<int64_t>(digest_); }
+  // Max and mean |w_r − mean_r w_r| over the slim elements (a collective).
+  struct Divergence {
+    double max = 0, mean = 0;
+  };
+  Divergence divergence();
+  int64_t anchor_bytes() const;
+  int64_t elements() const { return total_; }
+
+ private:
+  void refresh_core();
+  std::vector<int64_t> explorer(int64_t round) const;
+  int64_t mark_selection(const std::vector<int64_t>& explorer, std::vector<uint8_t>& selected) const;
+
+  Communicator& comm_;
+  SlimOptions o_;
+  std::vector<ShardedParam*> params_;
+  std::vector<int64_t> offsets_;  // params_[i] is weights_[offsets_[i], offsets_[i + 1])
+  int64_t rounds_ = 0, total_ = 0, core_count_ = 0;
+  at::Tensor weights_;  // every slim param's value, one buffer (the params' masters are views of it)
+  at::Tensor anchor_;   // the value at the last round, identical on every rank
+  at::Tensor signal_;   // Σ |averaged delta| per element since the last core refresh, identical everywhere
+  std::vector<uint8_t> in_core_;   // 1 where the element is in the core (the explorer is drawn each round)
+  std::vector<uint8_t> selected_;  // this round's core ∪ explorer
+  std::vector<float> packed_;      // this round's selected deltas, then their average
+  double last_fraction_ = 0;
+  uint64_t digest_ = 1469598103934665603ull;
+};
+
+}  // namespace slimshard

@@ -1,0 +1,201 @@
+// slim_sync.cpp — Slim-DP rounds: core selection from values every rank agrees on (no message needed),
+// explorer draws from a shared seed, one packed all-reduce of the selected deltas per round (see slim.h,
+// docs/slim-dp.md).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "slimshard/comm.h"
+#include "slimshard/data.h"
+#include "slimshard/shard.h"
+#include "slimshard/slim.h"
+
+namespace slimshard {
+
+namespace {
+// splitmix64's step, inlined here: the explorer draws one per explored element.
+inline uint64_t next(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+SlimSync::SlimSync(Communicator& comm, std::vector<ShardedParam*> params, const SlimOptions& o)
+    : comm_(comm), o_(o), params_(std::move(params)) {
+  at::NoGradGuard no_grad;
+  if (params_.empty()) throw std::logic_error("SlimSync: no params");
+  for (ShardedParam* p : params_) {
+    offsets_.push_back(total_);
+    total_ += p->numel();
+  }
+  offsets_.push_back(total_);
+  // One buffer for every slim param's value: a round is a handful of ops over it, not a handful per tensor.
+  weights_ = at::empty({total_}, params_[0]->master().options());
+  for (size_t i = 0; i < params_.size(); ++i)
+    params_[i]->set_value_storage(weights_.slice(0, offsets_[i], offsets_[i + 1]));
+  anchor_ = weights_.clone();  // every rank starts from rank 0's weights, so the anchors agree
+  signal_ = at::zeros_like(weights_);
+  in_core_.assign(static_cast<size_t>(total_), 0);
+  if (weights_.scalar_type() != at::kFloat) throw std::logic_error("SlimSync: fp32 params only");
+  refresh_core();
+}
+
+// Significance of element i of a tensor: |a_i| / mean|a| + λ·s_i with λ = 1 / mean(s): the magnitude of the
+// agreed weight and the accumulated magnitude of its agreed updates, each relative to its tensor's mean. Both
+// are identical on every rank, so every rank picks the same core without exchanging a message.
+void SlimSync::refresh_core() {
+  std::fill(in_core_.begin(), in_core_.end(), 0);
+  core_count_ = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t n = offsets_[i + 1] - offsets_[i];
+    const int64_t k = std::min<int64_t>(n, static_cast<int64_t>(std::ceil(o_.core * static_cast<double>(n))));
+    core_count_ += k;
+    if (k >= n) {
+      std::fill(in_core_.begin() + offsets_[i], in_core_.begin() + offsets_[i + 1], 1);
+      continue;
+    }
+    at::Tensor sig = anchor_.slice(0, offsets_[i], offsets_[i + 1]).abs();
+    const double mag = sig.mean().item<double>();
+    if (mag > 0) sig.div_(mag);
+    const at::Tensor upd = signal_.slice(0, offsets_[i], offsets_[i + 1]);
+    const double mean_upd = upd.mean().item<double>();
+    if (mean_upd > 0) sig.add_(upd, 1.0 / mean_upd);
+    // Identical inputs through the same kernel: every rank gets the same indices, ties included.
+    const at::Tensor top = std::get<1>(sig.topk(k, /*dim=*/0, /*largest=*/true, /*sorted=*/false));
+    const auto* t = top.data_ptr<int64_t>();
+    for (int64_t j = 0; j < k; ++j) in_core_[offsets_[i] + t[j]] = 1;
+  }
+  for (int64_t i = 0; i < total_; ++i)  // the digest covers every core chosen
+    if (in_core_[static_cast<size_t>(i)]) digest_ = (digest_ ^ static_cast<uint64_t>(i)) * 1099511628211ull;
+  signal_.zero_();
+}
+
+// The explorer of round `round`: every element with probability β, independently (so ~β of the non-core), in
+// increasing order, drawn as geometric gaps from a stream every rank seeds alike — O(β·n) draws, no pass over
+// n.
+std::vector<int64_t> SlimSync::explorer(int64_t round) const {
+  std::vector<int64_t> out;
+  if (!(o_.explore > 0) || core_count_ == total_) return out;
+  out.reserve(static_cast<size_t>(o_.explore * static_cast<double>(total_) * 1.1) + 16);
+  uint64_t state = mix64(o_.seed ^ mix64(static_cast<uint64_t>(round) + 1));
+  const double log_keep = std::log1p(-std::min(o_.explore, 1.0 - 1e-12));
+  for (int64_t i = -1;;) {
+    const double u = (static_cast<double>(next(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    const double gap = std::floor(std::log(u) / log_keep);                        // Geometric(β) failures
+    if (gap >= static_cast<double>(total_ - i - 1)) break;
+    i += 1 + static_cast<int64_t>(gap);
+    out.push_back(i);
+  }
+  return out;
+}
+
+// selected = core ∪ explorer; returns how many.
+int64_t SlimSync::mark_selection(const std::vector<int64_t>& explorer, std::vector<uint8_t>& selected) const {
+  selected = in_core_;
+  int64_t count = core_count_;
+  for (int64_t i : explorer) {
+    count += 1 - selected[static_cast<size_t>(i)];
+    selected[static_cast<size_t>(i)] = 1;
+  }
+  return count;
+}
+
+void SlimSync::after_step(int64_t step) {
+  if ((step + 1) % o_.period != 0) return;
+  if (o_.full_sync_every > 0 && (rounds_ + 1) % o_.full_sync_every == 0) {
+    full_sync();
+    return;
+  }
+  if (rounds_ > 0 && rounds_ % o_.refresh == 0) refresh_core();
+  at::NoGradGuard no_grad;
+  const std::vector<int64_t> drawn = explorer(rounds_);
+  const int64_t count = mark_selection(drawn, selected_);
+  for (int64_t i : drawn) digest_ = (digest_ ^ static_cast<uint64_t>(i)) * 1099511628211ull;
+  digest_ = (digest_ ^ static_cast<uint64_t>(count)) * 1099511628211ull;
+  float* w = weights_.data_ptr<float>();
+  float* a = anchor_.data_ptr<float>();
+  float* s = signal_.data_ptr<float>();
+  const uint8_t* sel = selected_.data();
+  // Pack the selected deltas w − a in index order, the same on every rank. Branch-free: every element is
+  // written at the cursor, which advances only past selected ones (the selection is random, so a branch would
+  // mispredict often); packed_ keeps its capacity between rounds.
+  packed_.resize(static_cast<size_t>(count + 1));
+  float* p = packed_.data();
+  int64_t m = 0;
+  for (int64_t i = 0; i < total_; ++i) {
+    p[m] = w[i] - a[i];
+    m += sel[i];
+  }
+  p[count] = 0;  // read (times zero) by the last unselected elements below
+  at::Tensor packed = at::from_blob(p, {count}, at::kFloat);
+  comm_.all_reduce(packed, ReduceOp::avg)->wait();
+  // Apply the average: w[S] = a[S] + mean delta, a[S] = w[S]; the signal accumulates |mean delta|.
+  // Branch-free too: the delta is zeroed and w keeps its bits where not selected.
+  m = 0;
+  auto* wb = reinterpret_cast<uint32_t*>(w);
+  for (int64_t i = 0; i < total_; ++i) {
+    const uint32_t keep = sel[i] - 1u;  // all ones where not selected
+    const float delta = p[m] * static_cast<float>(sel[i]);
+    const float v = a[i] + delta;
+    uint32_t vb;
+    std::memcpy(&vb, &v, 4);
+    wb[i] = (wb[i] & keep) | (vb & ~keep);
+    a[i] = v;
+    s[i] += std::fabs(delta);
+    m += sel[i];
+  }
+  last_fraction_ = static_cast<double>(count) / static_cast<double>(total_);
+  ++rounds_;
+}
+
+at::Tensor SlimSync::selection(int64_t round) const {
+  std::vector<uint8_t> selected;
+  mark_selection(explorer(round), selected);
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < total_; ++i)
+    if (selected[static_cast<size_t>(i)]) out.push_back(i);
+  return at::tensor(out, at::kLong);
+}
+
+at::Tensor SlimSync::core() const {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < total_; ++i)
+    if (in_core_[static_cast<size_t>(i)]) out.push_back(i);
+  return at::tensor(out, at::kLong);
+}
+
+// Every element: one all-reduce of w − a; the model is one model again.
+void SlimSync::full_sync() {
+  at::NoGradGuard no_grad;
+  at::Tensor avg = weights_ - anchor_;
+  comm_.all_reduce(avg, ReduceOp::avg)->wait();
+  weights_.copy_(anchor_.add_(avg));
+  signal_.add_(avg.abs_());
+  last_fraction_ = 1;
+  ++rounds_;
+}
+
+SlimSync::Divergence SlimSync::divergence() {
+  at::NoGradGuard no_grad;
+  at::Tensor mean = weights_.clone();
+  comm_.all_reduce(mean, ReduceOp::avg)->wait();
+  at::Tensor d = mean.sub_(weights_).abs_();
+  at::Tensor maxes = at::empty({comm_.world()}, d.options());
+  comm_.all_gather(maxes, d.max().reshape({1}))->wait();
+  at::Tensor sum = d.sum().to(at::kDouble).reshape({1});
+  comm_.all_reduce(sum, ReduceOp::avg)->wait();
+  Divergence out;
+  out.max = maxes.max().item<double>();
+  out.mean = sum.item<double>() / static_cast<double>(total_);
+  return out;
+}
+
+int64_t SlimSync::anchor_bytes() const {
+  return static_cast<int64_t>(anchor_.nbytes() + signal_.nbytes() + in_core_.size() + selected_.size() +
+                              packed_.capacity() * sizeof(float));
+}
+
+}  // namespace slimshard
