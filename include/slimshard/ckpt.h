@@ -3,8 +3,10 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,5 +41,47 @@ void save_model_file(const std::string& path, Model& model);
 std::unique_ptr<Model> model_from_values(const ModelConfig& config, const NamedTensors& full_values);
 // Rebuilds the model from the config stored in the file and loads its weights.
 std::unique_ptr<Model> load_model_file(const std::string& path);
+
+// ---- Sharded checkpoints (checkpoint.cpp) ----
+// A directory D/step-XXXXXXXX/ holding one safetensors file per rank (the pieces that rank owns) and
+// index.json, written last: for every logical tensor its dtype, global shape and, per piece, the rank's file,
+// the key and the flat range [start, end) of the tensor it covers; plus the step, the model config, the plan,
+// the trainer state and a CRC-32 and size per file. A directory without a complete index is never taken as a
+// checkpoint.
+class Communicator;
+
+// One rank's piece of a logical tensor: elements [start, start + data.numel()) of the flattened tensor.
+struct TensorPiece {
+  std::string name;            // logical name: "blocks.0.mlp.fc.weight", "blocks.0.mlp.fc.weight.exp_avg"
+  std::vector<int64_t> shape;  // the logical tensor's shape
+  int64_t start = 0;
+  at::Tensor data;          // flat; saving reads it, loading writes into it
+  bool replicated = false;  // the same on every rank (ddp): one rank saves it
+  bool per_rank = false;    // each rank's own value (Slim-DP's local optimizer state): every rank saves it,
+                            // and loads its own (rank 0's when the checkpoint had fewer ranks)
+};
+
+struct CheckpointMeta {
+  int64_t step = 0;      // optimizer steps completed
+  nlohmann::json model;  // the model config
+  nlohmann::json plan;   // strategy and splits per op
+  nlohmann::json state;  // trainer state (optimizer step count, seed, data position, ...)
+};
+
+// A collective: every rank writes its pieces; rank 0 then writes the index and makes the checkpoint visible
+// (D/step-XXXXXXXX.partial renamed to D/step-XXXXXXXX), and removes all but the newest `keep_last` (0 = keep
+// all). `before_index` runs on every rank after its file is written (tests use it to kill a rank mid-save).
+std::string save_checkpoint(Communicator& comm, const std::string& dir, const CheckpointMeta& meta,
+                            const std::vector<TensorPiece>& pieces, int keep_last,
+                            const std::function<void()>& before_index = nullptr);
+// The newest complete checkpoint under `dir` (or `dir` itself if it is one); "" if none.
+std::string latest_checkpoint(const std::string& dir);
+// The step, model, plan and state of a checkpoint, from its index alone (to check before loading).
+CheckpointMeta checkpoint_meta(const std::string& path);
+// Reads the index (CRC-checked files, shapes, names) and fills every piece from whatever pieces cover its
+// range, at any world size and layout. Problems: UsageError naming the file and tensor.
+CheckpointMeta load_checkpoint(const std::string& path, int rank, const std::vector<TensorPiece>& pieces);
+// Every logical tensor whole (name → full tensor), from any checkpoint: for export.
+NamedTensors read_checkpoint_tensors(const std::string& path, CheckpointMeta* meta);
 
 }  // namespace slimshard

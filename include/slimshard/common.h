@@ -24,6 +24,8 @@ int64_t parse_bytes(const std::string& text, const std::string& what);
 std::string format_bytes(double bytes);
 // MiB with one decimal, for tables.
 std::string format_mib(double bytes);
+// Text made safe inside SVG/XML: <, > and & escaped.
+std::string xml_escape(const std::string& s);
 
 // Writes `data` to `path` through a temporary file in the same directory, fsync, rename:
 // a reader sees the old file or the new one, never half of one. Throws RuntimeError.

@@ -41,12 +41,23 @@ struct TrainOptions {
   int64_t bucket_bytes = 25 << 20;  // DDP gradient bucket size
   SlimOptions slim;                 // for ops whose strategy is slim
   bool allow_slim = false;          // osdp: the search may choose slim for replicated ops
-  // Testing aid: "sleep:R:S", "exit:R:S" or "kill:R:S" makes rank R sleep, exit or SIGKILL itself at step S.
+  // Checkpoints: every save_every steps (0 = only at the end and on exit-after) into ckpt_dir, keeping the
+  // newest keep_last; resume from the newest complete checkpoint under `resume`.
+  std::string ckpt_dir;
+  int64_t save_every = 0;
+  int keep_last = 0;  // 0 = keep all
+  std::string resume;
+  int64_t exit_after_steps = 0;  // save and exit 0 after this many steps of this run (0 = off)
+  double exit_after_mins = 0;    // ... or after this many minutes (0 = off)
+  // Testing aid: "sleep:R:S", "exit:R:S" or "kill:R:S" makes rank R sleep, exit or SIGKILL itself at step S;
+  // "killsave:R:S": SIGKILL in the checkpoint of step S, after its own file is written, before the index.
   std::string fault;
 };
 
 struct TrainSummary {
-  int64_t steps = 0;
+  int64_t steps = 0;        // the step training stopped at (o.steps unless stopped by exit-after)
+  int64_t first_step = 0;   // resumed from this step (0 = from scratch)
+  std::string checkpoint;   // the last checkpoint written, if any
   int64_t params = 0;
   double final_loss = 0;  // mean over the last 10 steps
   double val_loss = -1, val_acc = -1;

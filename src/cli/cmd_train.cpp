@@ -120,6 +120,21 @@ void add_train_flags(CLI::App* sub, TrainFlags& f) {
                   "validation rows, spread over the validation data (default: 256 for text, all images)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--save-model", o.save_model, "write the trained weights to this safetensors file");
+  sub->add_option("--ckpt-dir", o.ckpt_dir,
+                  "write sharded checkpoints under this directory (at the end, and see --save-every)");
+  sub->add_option("--save-every", o.save_every, "a checkpoint every N steps (0 = only at the end)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--keep-last", o.keep_last, "keep only the newest N checkpoints (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--resume", o.resume, "continue from the newest complete checkpoint under this directory");
+  sub->add_option(
+         "--exit-after-steps", o.exit_after_steps,
+         "save a checkpoint and exit 0 after N steps of this run (the schedule still follows --steps)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--exit-after-mins", o.exit_after_mins, "save a checkpoint and exit 0 after M minutes")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--sample-tokens", o.sample_tokens, "after training, print this many sampled tokens")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--prompt", o.sample_prompt, "prompt for the sample")->capture_default_str();

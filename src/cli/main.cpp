@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) g_args.emplace_back(argv[i]);
   const std::map<std::string, cli::Runner> runners{
       {"train", cli::add_train(app)}, {"generate", cli::add_generate(app)}, {"memory", cli::add_memory(app)},
-      {"bench", cli::add_bench(app)}, {"profile", cli::add_profile(app)},   {"plan", cli::add_plan(app)}};
+      {"bench", cli::add_bench(app)}, {"profile", cli::add_profile(app)},   {"plan", cli::add_plan(app)},
+      {"plot", cli::add_plot(app)}};
 
   if (argc > 1 && argv[1][0] != '-' && !runners.count(argv[1]))
     return fail(2, std::string("unknown subcommand '") + argv[1] +

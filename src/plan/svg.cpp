@@ -27,12 +27,6 @@ const char* color(Strategy s) {
   return "#999";
 }
 
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) o += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : std::string(1, c);
-  return o;
-}
-
 std::string num(double v, int decimals = 1) {
   char b[64];
   std::snprintf(b, sizeof b, "%.*f", decimals, v);
@@ -91,11 +85,11 @@ std::string plan_svg(const CostModel& model, const SearchResult& plan,
   s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
     << "' font-family='sans-serif' "
     << "font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n";
-  s << "<text x='20' y='28' font-size='18' font-weight='bold'>OSDP plan: " << esc(model.model().describe())
+  s << "<text x='20' y='28' font-size='18' font-weight='bold'>OSDP plan: " << xml_escape(model.model().describe())
     << "</text>\n";
   s << "<text x='20' y='50'>" << model.options().world << " ranks, global batch "
     << model.options().global_batch << ", micro-batch " << plan.cost.micro_batch << " (" << plan.cost.accum
-    << " per step), costs from " << esc(model.source()) << "</text>\n";
+    << " per step), costs from " << xml_escape(model.source()) << "</text>\n";
   s << "<text x='20' y='70'>predicted peak per rank " << num(plan.cost.peak_bytes / mib)
     << " MiB (persistent " << num(plan.cost.persistent_bytes / mib) << " + activations "
     << num(plan.cost.activation_bytes / mib) << " + largest transient "
@@ -120,15 +114,15 @@ std::string plan_svg(const CostModel& model, const SearchResult& plan,
     const int y = top + static_cast<int>(i) * row_h;
     double x = left;
     const double scale = bar_w / widest;
-    s << "<text x='" << left - 8 << "' y='" << y + 13 << "' text-anchor='end'>" << esc(r.label) << " — "
-      << (r.mixed ? "mixed" : esc(r.choice)) << "</text>\n";
+    s << "<text x='" << left - 8 << "' y='" << y + 13 << "' text-anchor='end'>" << xml_escape(r.label) << " — "
+      << (r.mixed ? "mixed" : xml_escape(r.choice)) << "</text>\n";
     const double segs[3] = {r.persistent, r.transient, r.activations};
     const std::string fills[3] = {color(r.strategy), "#bab0ac", "#edc948"};
     for (int k = 0; k < 3; ++k) {
       const double w = segs[k] * scale;
       if (w <= 0) continue;
       s << "<rect x='" << num(x) << "' y='" << y + 2 << "' width='" << num(std::max(w, 0.5)) << "' height='"
-        << row_h - 4 << "' fill='" << fills[k] << "'><title>" << esc(r.label) << ": "
+        << row_h - 4 << "' fill='" << fills[k] << "'><title>" << xml_escape(r.label) << ": "
         << (k == 0   ? "persistent "
             : k == 1 ? "transient "
                      : "activations ")
@@ -147,7 +141,7 @@ std::string plan_svg(const CostModel& model, const SearchResult& plan,
   for (size_t i = 0; i < all.size(); ++i) {
     const auto& [name, r] = all[i];
     const int y = thr_top + 16 + static_cast<int>(i) * 28;
-    s << "<text x='" << left - 8 << "' y='" << y + 15 << "' text-anchor='end'>" << esc(name) << "</text>\n";
+    s << "<text x='" << left - 8 << "' y='" << y + 15 << "' text-anchor='end'>" << xml_escape(name) << "</text>\n";
     if (!r.fits) {
       s << "<text x='" << left << "' y='" << y + 15 << "' fill='#b00'>does not fit (needs "
         << num(r.cost.peak_bytes / mib) << " MiB)</text>\n";

@@ -59,8 +59,8 @@ Fault parse_fault(const std::string& spec) {
   } catch (const std::exception&) {
     throw UsageError("--fault: '" + spec + "' is not KIND:RANK:STEP");
   }
-  if (f.kind != "sleep" && f.kind != "exit" && f.kind != "kill")
-    throw UsageError("--fault: unknown kind '" + f.kind + "' (expected sleep, exit or kill)");
+  if (f.kind != "sleep" && f.kind != "exit" && f.kind != "kill" && f.kind != "killsave")
+    throw UsageError("--fault: unknown kind '" + f.kind + "' (expected sleep, exit, kill or killsave)");
   return f;
 }
 
@@ -75,6 +75,14 @@ class Trainer {
   EvalResult evaluate();
   void print_buffers();
   void inject_fault(int64_t step);
+  // Checkpoints: this rank's pieces of every logical tensor (params and optimizer state), saving after
+  // `steps` steps, and resuming.
+  std::vector<TensorPiece> pieces();
+  nlohmann::json plan_json() const;
+  void save(int64_t steps);
+  void resume();
+  // --exit-after-mins: whether any rank's clock says time is up (a small collective, so all ranks agree).
+  bool agreed_time_up(Clock::time_point start);
 
   TrainOptions o_;
   Communicator& comm_;
@@ -90,6 +98,8 @@ class Trainer {
   std::map<std::string, OpChoice> choices_;
   std::unique_ptr<DataParallel> dp_;  // after model_: destroyed before the params it hooks
   std::unique_ptr<SlimSync> slim_;    // Slim-DP for the params whose strategy is slim
+  int64_t start_step_ = 0;            // > 0 when resumed
+  std::string last_ckpt_;
   std::vector<StepTimes> step_times_;
   std::vector<double> step_bytes_;  // communicated per training step (not counting evaluation)
   int64_t phase_peak_[static_cast<int>(memory::Phase::count)] = {};
@@ -158,6 +168,120 @@ void Trainer::setup() {
   schedule_.min_lr = o_.min_lr >= 0 ? o_.min_lr : o_.lr / 10;
   schedule_.warmup = o_.warmup >= 0 ? o_.warmup : std::min<int64_t>(100, o_.steps / 10);
   schedule_.total = o_.steps;
+  if ((o_.save_every > 0 || o_.exit_after_steps > 0 || o_.exit_after_mins > 0) && o_.ckpt_dir.empty())
+    throw UsageError("--save-every / --exit-after-*: give --ckpt-dir");
+  if (o_.save_every < 0 || o_.exit_after_steps < 0 || o_.exit_after_mins < 0 || o_.keep_last < 0)
+    throw UsageError("--save-every, --keep-last, --exit-after-*: must be >= 0");
+  if (!o_.resume.empty()) resume();
+}
+
+std::vector<TensorPiece> Trainer::pieces() {
+  // Split ops keep row blocks "w#0", "w#1", ...: consecutive ranges of the flattened logical tensor "w".
+  std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> logical;  // name -> (numel so far, shape)
+  std::vector<std::pair<std::string, int64_t>> where;                       // per param: logical name, offset
+  for (ShardedParam* p : params_) {
+    const std::string base = p->name().substr(0, p->name().find('#'));
+    auto& [numel, shape] = logical[base];
+    if (shape.empty()) {
+      shape = p->shape();
+    } else {
+      shape[0] += p->shape()[0];
+    }
+    where.emplace_back(base, numel);
+    numel += p->numel();
+  }
+  std::vector<TensorPiece> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ShardedParam* p = params_[i];
+    const Strategy st = p->strategy();
+    const bool full = st == Strategy::ddp || st == Strategy::slim;
+    const int64_t lo = full ? 0 : p->shard_offset();
+    const int64_t len = full ? p->numel() : std::min(p->numel(), lo + p->shard_numel()) - lo;
+    if (len <= 0) continue;  // this rank's shard is all padding
+    auto add = [&](const std::string& name, const at::Tensor& t, bool per_rank) {
+      TensorPiece piece;
+      piece.name = name;
+      piece.shape = logical[where[i].first].second;
+      piece.start = where[i].second + lo;
+      piece.data = t.reshape({-1}).slice(0, 0, len);
+      piece.replicated = full && !per_rank;
+      piece.per_rank = per_rank;
+      out.push_back(piece);
+    };
+    add(where[i].first, p->master(), false);
+    // Slim-DP's optimizer state is each rank's own; ddp's is identical everywhere; zero's is the owned slice.
+    for (auto& [key, t] : p->optim_state()) add(where[i].first + "." + key, t, st == Strategy::slim);
+  }
+  return out;
+}
+
+nlohmann::json Trainer::plan_json() const {
+  nlohmann::json ops = nlohmann::json::object();
+  for (const auto& [op, c] : choices_)
+    ops[op] = {{"strategy", strategy_name(c.strategy)}, {"splits", c.splits}};
+  return {{"world", world_}, {"ops", ops}};
+}
+
+void Trainer::save(int64_t steps) {
+  CheckpointMeta meta;
+  meta.step = steps;
+  meta.model = o_.model.to_json();
+  meta.plan = plan_json();
+  // Batches and the learning rate are functions of (seed, step): the step is the data position.
+  meta.state = {{"optimizer", o_.optim.name},
+                {"optimizer_steps", optim_->steps_taken()},
+                {"seed", o_.seed},
+                {"data_position", steps},
+                {"global_batch", o_.batch_size}};
+  const bool kill = fault_.kind == "killsave" && fault_.rank == rank_ && fault_.step == steps;
+  const auto t0 = Clock::now();
+  last_ckpt_ = save_checkpoint(comm_, o_.ckpt_dir, meta, pieces(), o_.keep_last, [&] {
+    if (!kill) return;
+    std::fprintf(stderr, "[rank %d] --fault: killsave at step %lld\n", rank_, (long long)steps);
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  });
+  if (rank_ == 0) std::fprintf(stderr, "checkpoint: %s (%.2f s)\n", last_ckpt_.c_str(), seconds_since(t0));
+}
+
+bool Trainer::agreed_time_up(Clock::time_point start) {
+  at::Tensor up = at::full({1}, seconds_since(start) >= 60 * o_.exit_after_mins ? 1.0 : 0.0, at::kDouble);
+  comm_.all_reduce(up, ReduceOp::sum)->wait();
+  return up.item<double>() > 0;
+}
+
+void Trainer::resume() {
+  const std::string path = latest_checkpoint(o_.resume);
+  if (path.empty()) throw UsageError("--resume " + o_.resume + ": no complete checkpoint there");
+  const auto t0 = Clock::now();
+  CheckpointMeta meta;
+  std::string error;
+  try {
+    meta = checkpoint_meta(path);
+    if (meta.model != o_.model.to_json())
+      throw UsageError(path + ": checkpoint of model " + meta.model.dump() + ", this run is " +
+                       o_.model.to_json().dump());
+    if (meta.state.value("optimizer", o_.optim.name) != o_.optim.name)
+      throw UsageError(path + ": saved with optimizer " + meta.state.value("optimizer", std::string()) +
+                       ", this run uses " + o_.optim.name);
+    if (meta.step >= o_.steps)
+      throw UsageError(path + ": already at step " + std::to_string(meta.step) + " of --steps " +
+                       std::to_string(o_.steps));
+    meta = load_checkpoint(path, rank_, pieces());
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  // Every rank learns whether any rank failed, so none goes on alone.
+  at::Tensor failed = at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble);
+  comm_.all_reduce(failed, ReduceOp::sum)->wait();
+  if (!error.empty()) throw UsageError("--resume: " + error);
+  if (failed.item<double>() > 0) throw UsageError("--resume " + path + ": another rank could not load it");
+  optim_->set_steps_taken(meta.state.value("optimizer_steps", meta.step));
+  start_step_ = meta.step;
+  dp_->after_optimizer_step();  // zero1/zero2: the full params from the loaded shards
+  if (rank_ == 0)
+    std::fprintf(stderr, "resumed from %s at step %lld (saved at %d ranks; %.2f s)\n", path.c_str(),
+                 (long long)start_step_, meta.plan.value("world", 0), seconds_since(t0));
 }
 
 void Trainer::print_buffers() {
@@ -178,12 +302,12 @@ void Trainer::print_buffers() {
 }
 
 void Trainer::inject_fault(int64_t step) {
-  if (fault_.rank != rank_ || fault_.step != step) return;
+  if (fault_.rank != rank_ || fault_.step != step || fault_.kind == "killsave") return;
   std::fprintf(stderr, "[rank %d] --fault: %s at step %lld\n", rank_, fault_.kind.c_str(), (long long)step);
   std::fflush(stderr);
   if (fault_.kind == "sleep") std::this_thread::sleep_for(std::chrono::hours(1));
   if (fault_.kind == "exit") std::_Exit(3);
-  if (fault_.kind == "kill") std::raise(SIGKILL);
+  if (fault_.kind == "kill") std::raise(SIGKILL);  // (killsave fires inside save())
 }
 
 double Trainer::train_step(int64_t step) {
@@ -298,7 +422,8 @@ TrainSummary Trainer::run() {
   const char* rate_key = classify ? "samples_per_s" : "tokens_per_s";
   std::vector<double> step_s;
   const auto t_start = Clock::now();
-  for (int64_t step = 0; step < o_.steps; ++step) {
+  int64_t stop = o_.steps;  // exit-after may end the run earlier, with a checkpoint
+  for (int64_t step = start_step_; step < stop; ++step) {
     memory::reset_peaks();
     const int64_t bytes0 = comm_.total_bytes();
     const auto t0 = Clock::now();
@@ -322,6 +447,13 @@ TrainSummary Trainer::run() {
                        {"comm_bytes", step_bytes}};
     if (slim_) rec["slim_fraction"] = (step + 1) % o_.slim.period == 0 ? slim_->last_fraction() : 0.0;
     const bool eval_now = (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == o_.steps;
+    const bool time_up = o_.exit_after_mins > 0 && agreed_time_up(t_start);
+    const bool exit_now =
+        step + 1 < o_.steps &&
+        ((o_.exit_after_steps > 0 && step + 1 - start_step_ >= o_.exit_after_steps) || time_up);
+    const bool save_now = !o_.ckpt_dir.empty() && ((o_.save_every > 0 && (step + 1) % o_.save_every == 0) ||
+                                                   step + 1 == o_.steps || exit_now);
+    if (save_now && !eval_now && slim_) slim_->full_sync();  // a checkpoint holds one model
     if (eval_now && slim_) {
       // How far the replicas drifted apart, then one model again for evaluation.
       const SlimSync::Divergence d = slim_->divergence();
@@ -342,6 +474,12 @@ TrainSummary Trainer::run() {
       }
       progress.message(line);
     }
+    if (save_now) save(step + 1);
+    if (exit_now) {
+      stop = step + 1;
+      progress.message("stopping at step " + std::to_string(stop) + " (--exit-after-" +
+                       (time_up ? "mins" : "steps") + "); resume with --resume " + o_.ckpt_dir);
+    }
     if (metrics_file) metrics_file->write(rec);
     char status[160];
     std::snprintf(status, sizeof status, "loss %.4f | %.0f %s | %.0f ms | peak %s MiB", loss,
@@ -350,7 +488,9 @@ TrainSummary Trainer::run() {
     progress.step(step, status, dt);
   }
   progress.finish();
-  s.steps = o_.steps;
+  s.steps = stop;
+  s.first_step = start_step_;
+  s.checkpoint = last_ckpt_;
   s.wall_s = seconds_since(t_start);
   const size_t tail = std::min<size_t>(10, s.losses.size());
   for (size_t i = s.losses.size() - tail; i < s.losses.size(); ++i)
@@ -395,6 +535,8 @@ TrainSummary Trainer::run() {
       if (phase_peak_[p] > 0) phases[memory::phase_name(static_cast<memory::Phase>(p))] = phase_peak_[p];
     nlohmann::json sum{{"summary", true},
                        {"steps", s.steps},
+                       {"first_step", s.first_step},
+                       {"checkpoint", s.checkpoint},
                        {"loss", s.final_loss},
                        {rate_key, s.tokens_per_s},
                        {"step_ms", s.step_ms_median},
@@ -419,9 +561,14 @@ TrainSummary Trainer::run() {
                        {"phase_ms", phase_ms}};
     if (classify) sum["val_acc"] = s.val_acc;
     if (metrics_file) metrics_file->write(sum);
-    std::printf("summary: %lld steps in %.1f s | train loss %.4f | val loss %.4f", (long long)s.steps,
-                s.wall_s, s.final_loss, s.val_loss);
-    if (classify) std::printf(" | val acc %.2f%%", 100 * s.val_acc);
+    if (s.first_step > 0)
+      std::printf("summary: steps %lld-%lld in %.1f s | train loss %.4f", (long long)s.first_step + 1,
+                  (long long)s.steps, s.wall_s, s.final_loss);
+    else
+      std::printf("summary: %lld steps in %.1f s | train loss %.4f", (long long)s.steps, s.wall_s,
+                  s.final_loss);
+    if (s.val_loss >= 0) std::printf(" | val loss %.4f", s.val_loss);
+    if (classify && s.val_loss >= 0) std::printf(" | val acc %.2f%%", 100 * s.val_acc);
     std::printf(
         " | %.0f %s (median step %.1f ms) | peak %s MiB (forward %s, backward %s, optimizer %s)\n",
         s.tokens_per_s, classify ? "samples/s" : "tokens/s", s.step_ms_median,

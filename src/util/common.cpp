@@ -93,4 +93,10 @@ std::string read_file(const std::string& path, const std::string& what) {
   return ss.str();
 }
 
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) o += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : std::string(1, c);
+  return o;
+}
+
 }  // namespace slimshard

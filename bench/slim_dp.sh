@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Slim-DP against DDP, back to back in one invocation, equal steps and seeds: KJV gpt-small at 2 and 4 ranks and the
+# Fashion-MNIST CNN at 4 ranks; DDP, then Slim-DP at its defaults (α 0.25, β 0.1) and two other α/β settings.
+# Prints, per run: bytes communicated per rank (and the fraction of DDP's), final validation loss (CNN: test
+# accuracy) and its gap to DDP, tokens/s (CNN: images/s); writes every run's metrics and the plots (loss vs step,
+# loss vs bytes; one SVG per experiment) to OUT (default bench-out/slim-dp).
+#   bench/slim_dp.sh
+#   STEPS=100 EXPERIMENTS="gpt-small-2" bench/slim_dp.sh
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+bin=${BIN:-$here/build/slimshard}
+out=${OUT:-$here/bench-out/slim-dp}
+steps=${STEPS:-300}
+cnn_steps=${CNN_STEPS:-400}
+experiments=${EXPERIMENTS:-"gpt-small-2 gpt-small-4 cnn-4"}
+settings=${SETTINGS:-"ddp slim:0.25:0.1 slim:0.1:0.05 slim:0.5:0.2"}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+[ -x "$bin" ] || { echo "build first: make build" >&2; exit 2; }
+mkdir -p "$out"
+
+echo "machine: $(nproc --all) cores; $(date -u +%F); gpt-small $steps steps, CNN $cnn_steps steps" >&2
+for exp in $experiments; do
+  case $exp in
+    gpt-small-*) n=${exp##*-}
+      args="--model gpt-small --data kjv --steps $steps --batch-size 16 --lr 3e-3 --eval-every 50" ;;
+    cnn-*) n=${exp##*-}
+      args="--model cnn --data fashion-mnist --steps $cnn_steps --batch-size 64 --lr 2e-3 --eval-every 50" ;;
+    *) echo "unknown experiment $exp" >&2; exit 2 ;;
+  esac
+  curves=()
+  for s in $settings; do
+    if [ "$s" = ddp ]; then
+      flags="--strategy ddp"; tag=ddp
+    else
+      IFS=: read -r _ a b <<<"$s"
+      flags="--strategy slim --slim-core $a --slim-explore $b"; tag="slim-a$a-b$b"
+    fi
+    m="$out/$exp-$tag.jsonl"
+    echo "  $exp $tag ..." >&2
+    # shellcheck disable=SC2086
+    mpirun --oversubscribe -n "$n" "$bin" train $args $flags --metrics "$m" >"$out/$exp-$tag.log" 2>&1 ||
+      { tail -n 5 "$out/$exp-$tag.log" >&2; exit 1; }
+    curves+=("$m:$tag")
+  done
+  "$bin" plot --x step --y val_loss --title "$exp: validation loss by step" --out "$out/$exp-loss-vs-step.svg" "${curves[@]}"
+  "$bin" plot --x bytes --y val_loss --title "$exp: validation loss by bytes sent per rank" \
+    --out "$out/$exp-loss-vs-bytes.svg" "${curves[@]}"
+done
+
+python3 - "$out" $experiments <<'EOF'
+import json, os, sys
+out, exps = sys.argv[1], sys.argv[2:]
+print(f"\n{'experiment':<12} {'run':<18} {'MiB sent/rank':>13} {'vs ddp':>7} {'val loss':>9} {'gap':>7} {'acc %':>6} {'units/s':>9}")
+for exp in exps:
+    runs = sorted(f for f in os.listdir(out) if f.startswith(exp + "-") and f.endswith(".jsonl"))
+    runs.sort(key=lambda f: (not f.endswith("-ddp.jsonl"), f))
+    base = None
+    for f in runs:
+        s = [json.loads(l) for l in open(os.path.join(out, f)) if l.strip()][-1]
+        tag = f[len(exp) + 1:-6]
+        rate = s.get("tokens_per_s") or s.get("samples_per_s") or 0
+        if base is None: base = s
+        acc = s.get("val_acc")
+        print(f"{exp:<12} {tag:<18} {s['comm_bytes'] / 2**20:13.1f} {s['comm_bytes'] / base['comm_bytes']:7.2f} "
+              f"{s['val_loss']:9.4f} {100 * (s['val_loss'] / base['val_loss'] - 1):+6.1f}% "
+              f"{(100 * acc if acc is not None else float('nan')):6.2f} {rate:9.0f}")
+EOF
+echo "metrics, logs and plots in $out" >&2

@@ -1,0 +1,294 @@
+// checkpoint.cpp — sharded checkpoints: every rank writes the pieces it owns as one safetensors file, rank 0
+// writes index.json last and renames the directory into place, so a checkpoint is either complete or
+// invisible. Loading fills any layout (world size, strategy, splits) from the index's flat ranges, checking
+// CRCs, names and shapes.
+#include <zlib.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "slimshard/ckpt.h"
+#include "slimshard/comm.h"
+#include "slimshard/common.h"
+
+namespace slimshard {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kFormat = "slimshard-checkpoint";
+
+std::string rank_file(int r) {
+  char b[40];
+  std::snprintf(b, sizeof b, "rank-%05d.safetensors", r);
+  return b;
+}
+
+std::string piece_key(const TensorPiece& p) { return p.name + "@" + std::to_string(p.start); }
+
+uint32_t crc_of(const std::string& bytes) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  for (size_t off = 0; off < bytes.size(); off += 1u << 30) {
+    const auto n = static_cast<uInt>(std::min<size_t>(bytes.size() - off, 1u << 30));
+    c = crc32(c, reinterpret_cast<const Bytef*>(bytes.data() + off), n);
+  }
+  return static_cast<uint32_t>(c);
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) ::fsync(fd), ::close(fd);
+}
+
+// Only complete checkpoints, newest first.
+std::vector<std::pair<int64_t, std::string>> checkpoints_in(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != 13 || name.rfind("step-", 0) != 0 ||
+        name.find_first_not_of("0123456789", 5) != std::string::npos)
+      continue;
+    if (!fs::exists(e.path() / "index.json", ec)) continue;
+    out.emplace_back(std::stoll(name.substr(5)), e.path().string());
+  }
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+nlohmann::json read_index(const std::string& path) {
+  const std::string file = path + "/index.json";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(file, "checkpoint index"));
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(file + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("tensors") || !j.contains("files") ||
+      !j["tensors"].is_object() || !j["files"].is_array())
+    throw UsageError(file + ": not a slimshard checkpoint index");
+  return j;
+}
+
+// The rank files of a checkpoint, read and CRC-checked on first use.
+class FileCache {
+ public:
+  FileCache(std::string path, const nlohmann::json& files) : path_(std::move(path)) {
+    try {
+      for (const auto& f : files) info_[f.at("rank").get<int>()] = f;
+    } catch (const nlohmann::json::exception& e) {
+      throw UsageError(path_ + "/index.json: bad files entry (" + e.what() + ")");
+    }
+  }
+  const SafeTensorsFile& get(int rank) {
+    auto it = files_.find(rank);
+    if (it != files_.end()) return it->second;
+    auto f = info_.find(rank);
+    if (f == info_.end())
+      throw UsageError(path_ + "/index.json: no file listed for rank " + std::to_string(rank));
+    const std::string file = path_ + "/" + f->second.at("file").get<std::string>();
+    const std::string raw = read_file(file, "checkpoint file");
+    if (static_cast<int64_t>(raw.size()) != f->second.at("bytes").get<int64_t>())
+      throw UsageError(file + ": " + std::to_string(raw.size()) + " bytes, the index says " +
+                       std::to_string(f->second.at("bytes").get<int64_t>()) + " (truncated or replaced)");
+    if (crc_of(raw) != f->second.at("crc32").get<uint32_t>())
+      throw UsageError(file + ": checksum mismatch (corrupted)");
+    return files_.emplace(rank, load_safetensors(file)).first->second;
+  }
+
+ private:
+  std::string path_;
+  std::map<int, nlohmann::json> info_;
+  std::map<int, SafeTensorsFile> files_;
+};
+
+}  // namespace
+
+std::string save_checkpoint(Communicator& comm, const std::string& dir, const CheckpointMeta& meta,
+                            const std::vector<TensorPiece>& pieces, int keep_last,
+                            const std::function<void()>& before_index) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(meta.step));
+  const std::string final_dir = dir + "/" + name, partial = final_dir + ".partial";
+  const int rank = comm.rank(), world = comm.world();
+  std::string error;
+  if (rank == 0) {
+    std::error_code ec;
+    fs::remove_all(partial, ec);
+    fs::create_directories(partial, ec);
+    if (ec) error = "cannot create " + partial + ": " + ec.message();
+  }
+  error = broadcast_string(comm, error, 0);
+  if (!error.empty()) throw RuntimeError(error);
+
+  // This rank's file: its sharded and per-rank pieces, and the replicated ones it is the owner of.
+  NamedTensors out;
+  nlohmann::json listed = nlohmann::json::array();
+  size_t replicated_seen = 0;
+  for (const TensorPiece& p : pieces) {
+    if (p.replicated && static_cast<int>(replicated_seen++ % static_cast<size_t>(world)) != rank) continue;
+    out.emplace_back(piece_key(p), p.data.reshape({-1}));
+    listed.push_back({{"name", p.name},
+                      {"key", piece_key(p)},
+                      {"shape", p.shape},
+                      {"start", p.start},
+                      {"end", p.start + p.data.numel()},
+                      {"per_rank", p.per_rank}});
+  }
+  const std::string file = partial + "/" + rank_file(rank);
+  nlohmann::json mine;
+  try {
+    save_safetensors(file, out, {{"slimshard.rank", std::to_string(rank)}});
+    const std::string raw = read_file(file, "checkpoint file");
+    mine = {{"rank", rank},
+            {"file", rank_file(rank)},
+            {"bytes", raw.size()},
+            {"crc32", crc_of(raw)},
+            {"pieces", listed}};
+  } catch (const std::exception& e) {
+    mine = {{"error", e.what()}};
+  }
+  if (before_index) before_index();
+  std::vector<nlohmann::json> all;
+  for (int r = 0; r < world; ++r)
+    all.push_back(nlohmann::json::parse(broadcast_string(comm, mine.dump(), r)));
+  for (const auto& m : all)
+    if (m.contains("error"))
+      throw RuntimeError("checkpoint " + final_dir + ": " + m["error"].get<std::string>());
+
+  if (rank == 0) {
+    try {
+      nlohmann::json index = {{"format", kFormat},  {"version", 1},        {"step", meta.step},
+                              {"world", world},     {"model", meta.model}, {"plan", meta.plan},
+                              {"state", meta.state}};
+      nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::object();
+      for (auto& m : all) {
+        for (const auto& p : m["pieces"]) {
+          nlohmann::json& t = tensors[p["name"].get<std::string>()];
+          t["dtype"] = "F32";
+          t["shape"] = p["shape"];
+          t["per_rank"] = p["per_rank"];
+          t["pieces"].push_back(
+              {{"rank", m["rank"]}, {"key", p["key"]}, {"start", p["start"]}, {"end", p["end"]}});
+        }
+        m.erase("pieces");
+        files.push_back(m);
+      }
+      index["files"] = files;
+      index["tensors"] = tensors;
+      write_file_atomic(partial + "/index.json", index.dump(1));
+      fsync_dir(partial);
+      std::error_code ec;
+      fs::remove_all(final_dir, ec);
+      fs::rename(partial, final_dir, ec);
+      if (ec) throw RuntimeError("cannot rename " + partial + " to " + final_dir + ": " + ec.message());
+      fsync_dir(dir);
+      if (keep_last > 0) {
+        const auto done = checkpoints_in(dir);
+        for (size_t i = static_cast<size_t>(keep_last); i < done.size(); ++i)
+          fs::remove_all(done[i].second, ec);
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  error = broadcast_string(comm, error, 0);
+  if (!error.empty()) throw RuntimeError(error);
+  return final_dir;
+}
+
+std::string latest_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "index.json", ec)) return dir;
+  const auto all = checkpoints_in(dir);
+  return all.empty() ? "" : all.front().second;
+}
+
+namespace {
+CheckpointMeta meta_of(const nlohmann::json& index, const std::string& where) {
+  CheckpointMeta meta;
+  try {
+    meta.step = index.at("step").get<int64_t>();
+    meta.model = index.at("model");
+    meta.plan = index.value("plan", nlohmann::json());
+    meta.state = index.value("state", nlohmann::json::object());
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(where + ": bad entry (" + e.what() + ")");
+  }
+  return meta;
+}
+}  // namespace
+
+CheckpointMeta checkpoint_meta(const std::string& path) {
+  return meta_of(read_index(path), path + "/index.json");
+}
+
+CheckpointMeta load_checkpoint(const std::string& path, int rank, const std::vector<TensorPiece>& pieces) {
+  const nlohmann::json index = read_index(path);
+  const std::string where = path + "/index.json";
+  const CheckpointMeta meta = meta_of(index, where);
+  FileCache files(path, index["files"]);
+  try {
+    for (const TensorPiece& p : pieces) {
+      const auto t = index["tensors"].find(p.name);
+      if (t == index["tensors"].end()) throw UsageError(where + ": tensor " + p.name + " is missing");
+      if (t->at("shape").get<std::vector<int64_t>>() != p.shape)
+        throw UsageError(where + ": tensor " + p.name + " has shape " + t->at("shape").dump() +
+                         ", this model expects " + nlohmann::json(p.shape).dump());
+      const int64_t lo = p.start, hi = p.start + p.data.numel();
+      const bool per_rank = t->value("per_rank", false);
+      int from = -1;  // per-rank tensors: this rank's own copy if the checkpoint has one, else rank 0's
+      if (per_rank)
+        for (const auto& q : t->at("pieces")) from = q["rank"].get<int>() == rank ? rank : std::max(from, 0);
+      int64_t covered = 0;
+      at::Tensor dst = p.data.reshape({-1});
+      for (const auto& q : t->at("pieces")) {
+        const int r = q.at("rank").get<int>();
+        if (per_rank && r != from) continue;
+        const int64_t a = std::max(lo, q.at("start").get<int64_t>()),
+                      b = std::min(hi, q.at("end").get<int64_t>());
+        if (a >= b) continue;
+        const std::string key = q.at("key").get<std::string>();
+        const at::Tensor* src = files.get(r).find(key);
+        if (!src || src->numel() != q["end"].get<int64_t>() - q["start"].get<int64_t>())
+          throw UsageError(path + "/" + rank_file(r) + ": tensor " + key + " missing or of the wrong size");
+        dst.slice(0, a - lo, b - lo)
+            .copy_(src->slice(0, a - q["start"].get<int64_t>(), b - q["start"].get<int64_t>()));
+        covered += b - a;
+      }
+      if (covered != hi - lo)
+        throw UsageError(where + ": tensor " + p.name + ": elements [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + ") not covered by its pieces");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(where + ": bad entry (" + e.what() + ")");
+  }
+  return meta;
+}
+
+NamedTensors read_checkpoint_tensors(const std::string& path, CheckpointMeta* meta) {
+  const nlohmann::json index = read_index(path);
+  NamedTensors out;
+  std::vector<TensorPiece> whole;
+  try {
+    for (const auto& [name, t] : index["tensors"].items()) {
+      TensorPiece p;
+      p.name = name;
+      p.shape = t.at("shape").get<std::vector<int64_t>>();
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      p.data = at::empty({n}, at::kFloat);
+      whole.push_back(p);
+      out.emplace_back(name, p.data.view(p.shape));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(path + "/index.json: bad entry (" + e.what() + ")");
+  }
+  CheckpointMeta m = load_checkpoint(path, 0, whole);
+  if (meta) *meta = m;
+  return out;
+}
+
+}  // namespace slimshard

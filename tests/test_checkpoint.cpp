@@ -1,0 +1,198 @@
+// test_checkpoint.cpp — sharded checkpoints under mpirun: an interrupted and resumed run equals the
+// uninterrupted one bit for bit (ddp, zero3); a checkpoint loads at another world size and plan (losses
+// within 1e-5); a killed rank ends the job and leaves the last complete checkpoint usable, a half-written one
+// ignored; corrupted, truncated, missing or mismatched checkpoints exit 2 naming the file or tensor, and
+// nothing is overwritten.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "helpers.h"
+#include "slimshard/ckpt.h"
+
+using namespace slimshard;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string mpirun(int n) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -n " +
+         std::to_string(n) + " " + test::bin();
+}
+
+const std::string kArgs =
+    "--model gpt-tiny --data kjv --steps 20 --batch-size 8 --eval-every 0 --eval-rows 64";
+
+struct CkptRun {
+  int code = -1;
+  std::string output;
+  std::vector<double> losses;
+  SafeTensorsFile weights;
+};
+
+CkptRun train(int ranks, const std::string& args, const std::string& dir, const std::string& tag) {
+  const std::string m = dir + "/" + tag + ".jsonl", w = dir + "/" + tag + ".safetensors";
+  auto r =
+      test::run(mpirun(ranks) + " train " + kArgs + " " + args + " --metrics " + m + " --save-model " + w);
+  CkptRun out;
+  out.code = r.code, out.output = r.output;
+  if (r.code != 0) return out;
+  auto lines = test::read_jsonl(m);
+  lines.pop_back();
+  for (auto& l : lines) out.losses.push_back(l["loss"].get<double>());
+  if (fs::exists(w)) out.weights = load_safetensors(w);
+  return out;
+}
+
+// The first `a.losses.size()` losses of `full`, then `b`'s, against `full`: exact or within `rel`.
+void expect_continues(const CkptRun& full, const CkptRun& a, const CkptRun& b, double rel,
+                      const std::string& what) {
+  std::vector<double> joined = a.losses;
+  joined.insert(joined.end(), b.losses.begin(), b.losses.end());
+  ASSERT_EQ(joined.size(), full.losses.size()) << what;
+  for (size_t i = 0; i < joined.size(); ++i) {
+    if (rel == 0)
+      EXPECT_EQ(joined[i], full.losses[i]) << what << " step " << i + 1;
+    else
+      EXPECT_NEAR(joined[i], full.losses[i], rel * full.losses[i]) << what << " step " << i + 1;
+  }
+  ASSERT_EQ(full.weights.tensors.size(), b.weights.tensors.size());
+  for (size_t i = 0; i < full.weights.tensors.size(); ++i) {
+    const double d =
+        (full.weights.tensors[i].second - b.weights.tensors[i].second).abs().max().item<double>();
+    if (rel == 0)
+      EXPECT_EQ(d, 0.0) << what << ": " << full.weights.tensors[i].first;
+    else
+      EXPECT_LT(d, 1e-5) << what << ": " << full.weights.tensors[i].first;
+  }
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST(Checkpoint, ResumeIsBitExactDdpAndZero3) {
+  const std::string dir = test::scratch_dir();
+  for (const std::string st : {"ddp", "zero3"}) {
+    const std::string ck = dir + "/ck-" + st;
+    CkptRun full = train(2, "--strategy " + st, dir, st + "-full");
+    CkptRun a = train(2, "--strategy " + st + " --ckpt-dir " + ck + " --save-every 4 --exit-after-steps 10",
+                      dir, st + "-a");
+    ASSERT_EQ(a.code, 0) << a.output;
+    EXPECT_EQ(a.losses.size(), 10u);
+    EXPECT_EQ(latest_checkpoint(ck), ck + "/step-00000010");
+    EXPECT_TRUE(fs::exists(ck + "/step-00000008/index.json"));
+    CkptRun b = train(2, "--strategy " + st + " --resume " + ck, dir, st + "-b");
+    ASSERT_EQ(b.code, 0) << b.output;
+    EXPECT_NE(b.output.find("resumed from " + ck + "/step-00000010"), std::string::npos) << b.output;
+    expect_continues(full, a, b, 0, st + " resumed at step 10");
+  }
+}
+
+TEST(Checkpoint, KeepLastRotates) {
+  const std::string dir = test::scratch_dir(), ck = dir + "/ck";
+  CkptRun a = train(1, "--ckpt-dir " + ck + " --save-every 3 --keep-last 2", dir, "a");
+  ASSERT_EQ(a.code, 0) << a.output;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(ck)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step-00000018", "step-00000020"}));
+}
+
+TEST(Checkpoint, LoadsAtAnotherWorldSizeAndPlan) {
+  const std::string dir = test::scratch_dir();
+  CkptRun full = train(1, "--strategy ddp", dir, "full");
+  const std::string plan = dir + "/mixed.json";
+  std::ofstream(plan)
+      << R"({"ops": {"*": {"strategy": "ddp"}, "blocks.*.mlp.*": {"strategy": "zero3", "splits": 2},
+                                "blocks.1.attn.*": {"strategy": "zero2"}, "lm_head": {"strategy": "zero1"}}})";
+  struct Case {
+    int from_ranks;
+    std::string from;
+    int to_ranks;
+    std::string to;
+  };
+  for (const Case& c :
+       {Case{4, "--strategy zero3", 2, "--strategy ddp"}, Case{2, "--strategy ddp", 4, "--plan " + plan},
+        Case{2, "--plan " + plan, 1, "--strategy zero2"}}) {
+    const std::string tag = std::to_string(c.from_ranks) + "to" + std::to_string(c.to_ranks);
+    const std::string ck = dir + "/ck-" + tag;
+    CkptRun a = train(c.from_ranks, c.from + " --ckpt-dir " + ck + " --exit-after-steps 10", dir, tag + "-a");
+    ASSERT_EQ(a.code, 0) << a.output;
+    CkptRun b = train(c.to_ranks, c.to + " --resume " + ck, dir, tag + "-b");
+    ASSERT_EQ(b.code, 0) << b.output;
+    expect_continues(full, a, b, 1e-5, tag + ": " + c.from + " -> " + c.to);
+  }
+}
+
+TEST(Checkpoint, KilledRankEndsTheJobAndTheLastCheckpointResumes) {
+  const std::string dir = test::scratch_dir(), ck = dir + "/ck";
+  CkptRun full = train(2, "", dir, "full");
+  // Killed between saves (step 12), then during the save of step 15 (after its own file, before the index).
+  for (const std::string fault : {"kill:1:12", "killsave:1:15"}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CkptRun a = train(2, "--ckpt-dir " + ck + " --save-every 5 --comm-timeout 20 --fault " + fault, dir, "a");
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(a.code, 0) << fault << "\n" << a.output;
+    EXPECT_LT(secs, 20 + 30) << fault;
+  }
+  // The half-written checkpoint of step 15 is there but not taken.
+  EXPECT_TRUE(fs::exists(ck + "/step-00000015.partial"));
+  EXPECT_FALSE(fs::exists(ck + "/step-00000015"));
+  EXPECT_EQ(latest_checkpoint(ck), ck + "/step-00000010");
+  CkptRun b = train(2, "--resume " + ck, dir, "b");
+  ASSERT_EQ(b.code, 0) << b.output;
+  CkptRun first10;
+  first10.losses.assign(full.losses.begin(), full.losses.begin() + 10);
+  expect_continues(full, first10, b, 0, "resumed after a killed rank");
+}
+
+TEST(Checkpoint, BadCheckpointsExit2NamingTheProblem) {
+  const std::string dir = test::scratch_dir(), ck = dir + "/ck";
+  CkptRun a = train(2, "--strategy zero3 --ckpt-dir " + ck + " --exit-after-steps 4", dir, "a");
+  ASSERT_EQ(a.code, 0) << a.output;
+  const std::string step = ck + "/step-00000004";
+  const std::string good = dir + "/good";
+  fs::copy(step, good, fs::copy_options::recursive);
+  auto restore = [&] {
+    fs::remove_all(step);
+    fs::copy(good, step, fs::copy_options::recursive);
+  };
+  auto resume_fails = [&](const std::string& extra, const std::string& want, const std::string& what) {
+    const std::string before = file_bytes(step + "/rank-00000.safetensors");
+    auto r = test::run(mpirun(2) + " train " + kArgs + " --strategy zero3 --resume " + ck + " " + extra);
+    EXPECT_EQ(r.code, 2) << what << "\n" << r.output;
+    EXPECT_NE(r.output.find(want), std::string::npos) << what << ": expected '" << want << "' in\n"
+                                                      << r.output;
+    EXPECT_EQ(file_bytes(step + "/rank-00000.safetensors"), before) << what << ": checkpoint changed";
+  };
+  {  // a flipped byte in the data
+    std::fstream f(step + "/rank-00001.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x7f');
+  }
+  resume_fails("", "rank-00001.safetensors: checksum mismatch", "corrupted");
+  restore();
+  fs::resize_file(step + "/rank-00001.safetensors", fs::file_size(step + "/rank-00001.safetensors") - 100);
+  resume_fails("", "rank-00001.safetensors", "truncated");
+  restore();
+  fs::remove(step + "/rank-00001.safetensors");
+  resume_fails("", "rank-00001.safetensors", "missing file");
+  restore();
+  resume_fails("--n-embd 32", "checkpoint of model", "model mismatch");
+  resume_fails("--optimizer sgd", "optimizer", "optimizer mismatch");
+  std::ofstream(step + "/index.json") << "{\"format\": \"slimshard-checkpoint\", \"tensors\": ";
+  resume_fails("", "index.json: not valid JSON", "corrupt index");
+  restore();
+  auto r = test::run(mpirun(2) + " train " + kArgs + " --resume " + dir + "/nothing-here");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("no complete checkpoint"), std::string::npos) << r.output;
+  r = test::run(test::bin() + " train " + kArgs + " --save-every 5");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--ckpt-dir"), std::string::npos) << r.output;
+}
