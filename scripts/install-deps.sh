@@ -12,6 +12,7 @@ packages=(
   zlib1g-dev                         # gzip IDX files
   googletest libgtest-dev            # tests
   bible-kjv dataset-fashion-mnist    # real data
+  python3-torch                      # PyTorch: the export check (tests/export_check.py) and the DDP peer (bench)
 )
 
 missing=()

@@ -196,3 +196,33 @@ TEST(Checkpoint, BadCheckpointsExit2NamingTheProblem) {
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--ckpt-dir"), std::string::npos) << r.output;
 }
+
+TEST(Checkpoint, ExportLoadsIntoPyTorchWithTheSameLoss) {
+  const std::string dir = test::scratch_dir(), ck = dir + "/ck";
+  // Saved sharded (zero3, mlp split in two) at 2 ranks, exported to one file with GPT-2/nanoGPT names.
+  const std::string plan = dir + "/plan.json";
+  std::ofstream(plan)
+      << R"({"ops": {"*": {"strategy": "zero3"}, "blocks.*.mlp.fc": {"strategy": "zero3", "splits": 2}}})";
+  CkptRun a = train(2, "--plan " + plan + " --ckpt-dir " + ck + " --exit-after-steps 6", dir, "a");
+  ASSERT_EQ(a.code, 0) << a.output;
+  const std::string text = dir + "/text.txt", out = dir + "/model.safetensors";
+  {
+    std::ofstream t(text);
+    for (int i = 0; i < 40; ++i) t << "And God said, Let there be light: and there was light. " << i << "\n";
+  }
+  auto r = test::run(test::bin() + " export " + ck + " " + out + " --loss-on " + text);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const size_t at = r.output.find("loss on " + text + ": ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string loss =
+      r.output.substr(at + text.size() + 10, r.output.find('\n', at) - at - text.size() - 10);
+  EXPECT_TRUE(fs::exists(dir + "/model.config.json"));
+  const std::string peer = std::string(SLIMSHARD_SOURCE_DIR) + "/../shared/bench/torch_ddp_peer.py";
+  auto py = test::run("/usr/bin/python3 " + std::string(SLIMSHARD_SOURCE_DIR) + "/tests/export_check.py " +
+                      out + " " + text + " " + loss + " " + peer);
+  EXPECT_EQ(py.code, 0) << py.output;
+  EXPECT_NE(py.output.find("same"), std::string::npos) << py.output;
+  // A directory with no checkpoint: exit 2.
+  r = test::run(test::bin() + " export " + dir + "/none " + out);
+  EXPECT_EQ(r.code, 2) << r.output;
+}

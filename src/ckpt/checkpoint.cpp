@@ -13,6 +13,7 @@
 #include "slimshard/ckpt.h"
 #include "slimshard/comm.h"
 #include "slimshard/common.h"
+#include "slimshard/nn.h"
 
 namespace slimshard {
 namespace fs = std::filesystem;
@@ -289,6 +290,87 @@ NamedTensors read_checkpoint_tensors(const std::string& path, CheckpointMeta* me
   CheckpointMeta m = load_checkpoint(path, 0, whole);
   if (meta) *meta = m;
   return out;
+}
+
+}  // namespace slimshard
+
+namespace slimshard {
+namespace {
+
+// slimshard's GPT names → GPT-2/nanoGPT's ("blocks.3.mlp.fc.weight" → "transformer.h.3.mlp.c_fc.weight").
+// Linear weights are [out, in] in both (nanoGPT's nn.Linear, not GPT-2's transposed Conv1D).
+std::string nanogpt_name(const std::string& n) {
+  static const std::vector<std::pair<std::string, std::string>> parts = {{".ln1.", ".ln_1."},
+                                                                         {".ln2.", ".ln_2."},
+                                                                         {".attn.qkv.", ".attn.c_attn."},
+                                                                         {".attn.proj.", ".attn.c_proj."},
+                                                                         {".mlp.fc.", ".mlp.c_fc."},
+                                                                         {".mlp.proj.", ".mlp.c_proj."}};
+  if (n.rfind("blocks.", 0) == 0) {
+    std::string out = "transformer.h." + n.substr(7);
+    for (const auto& [from, to] : parts) {
+      const size_t at = out.find(from);
+      if (at != std::string::npos) return out.replace(at, from.size(), to);
+    }
+    return out;
+  }
+  if (n.rfind("wte.", 0) == 0 || n.rfind("wpe.", 0) == 0 || n.rfind("ln_f.", 0) == 0)
+    return "transformer." + n;
+  return n;  // lm_head.weight, and every name of the MLP and CNN
+}
+
+}  // namespace
+
+std::string export_checkpoint(const std::string& dir, const std::string& out, const std::string& loss_text,
+                              double* loss) {
+  const std::string path = latest_checkpoint(dir);
+  if (path.empty()) throw UsageError("export: " + dir + ": no complete checkpoint there");
+  CheckpointMeta meta;
+  NamedTensors all = read_checkpoint_tensors(path, &meta);
+  const bool gpt = meta.model.value("arch", "") == "gpt";
+  NamedTensors weights;
+  for (auto& [name, t] : all) {
+    const bool param = name.size() > 7 && (name.compare(name.size() - 7, 7, ".weight") == 0 ||
+                                           name.compare(name.size() - 5, 5, ".bias") == 0);
+    if (param) weights.emplace_back(gpt ? nanogpt_name(name) : name, t);
+  }
+  save_safetensors(out, weights, {{"format", "pt"}, {"slimshard.model", meta.model.dump()}});
+  nlohmann::json config = meta.model;
+  if (gpt)
+    config = {{"model_type", "gpt2"},
+              {"n_layer", meta.model["n_layer"]},
+              {"n_head", meta.model["n_head"]},
+              {"n_embd", meta.model["n_embd"]},
+              {"block_size", meta.model["seq_len"]},
+              {"vocab_size", meta.model["vocab"]},
+              {"bias", true},
+              {"lm_head_bias", false}};
+  config["step"] = meta.step;
+  const std::string stem = out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0
+                               ? out.substr(0, out.size() - 12)
+                               : out;
+  write_file_atomic(stem + ".config.json", config.dump(2) + "\n");
+  if (!loss_text.empty() && loss) {
+    // The model's loss on the first 4 rows of T+1 bytes of the file: an oracle for other implementations.
+    if (!gpt) throw UsageError("export --loss-on: only for GPT checkpoints");
+    const ModelConfig cfg = ModelConfig::from_json(meta.model, path + "/index.json");
+    const std::string text = read_file(loss_text, "--loss-on");
+    const int64_t rows = 4, T = cfg.seq_len;
+    if (static_cast<int64_t>(text.size()) < rows * (T + 1))
+      throw UsageError("--loss-on " + loss_text + ": needs at least " + std::to_string(rows * (T + 1)) +
+                       " bytes");
+    at::Tensor tok = at::empty({rows, T + 1}, at::kLong);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t t = 0; t <= T; ++t)
+        tok[r][t] =
+            static_cast<int64_t>(static_cast<unsigned char>(text[static_cast<size_t>(r * (T + 1) + t)]));
+    NamedTensors values;
+    for (auto& [name, t] : all) values.emplace_back(name, t);
+    auto model = model_from_values(cfg, values);
+    at::NoGradGuard no_grad;
+    *loss = model->loss(tok.slice(1, 0, T), tok.slice(1, 1, T + 1)).item<double>();
+  }
+  return path;
 }
 
 }  // namespace slimshard

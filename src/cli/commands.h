@@ -22,6 +22,7 @@ Runner add_bench(CLI::App& app);
 Runner add_profile(CLI::App& app);
 Runner add_plan(CLI::App& app);
 Runner add_plot(CLI::App& app);
+Runner add_export(CLI::App& app);
 
 // The flags of `train`, shared by the subcommands that describe a training run (memory, bench).
 struct TrainFlags {
