@@ -127,9 +127,15 @@ std::string save_checkpoint(Communicator& comm, const std::string& dir, const Ch
   // This rank's file: its sharded and per-rank pieces, and the replicated ones it is the owner of.
   NamedTensors out;
   nlohmann::json listed = nlohmann::json::array();
-  size_t replicated_seen = 0;
+  // Replicated pieces (the same list on every rank) go to the rank with the fewest such bytes so far, so the
+  // files come out about the same size.
+  std::vector<int64_t> assigned(static_cast<size_t>(world), 0);
   for (const TensorPiece& p : pieces) {
-    if (p.replicated && static_cast<int>(replicated_seen++ % static_cast<size_t>(world)) != rank) continue;
+    if (p.replicated) {
+      const auto owner = std::min_element(assigned.begin(), assigned.end()) - assigned.begin();
+      assigned[static_cast<size_t>(owner)] += p.data.numel();
+      if (owner != rank) continue;
+    }
     out.emplace_back(piece_key(p), p.data.reshape({-1}));
     listed.push_back({{"name", p.name},
                       {"key", piece_key(p)},
