@@ -30,6 +30,9 @@ class SlimSync {
   void after_step(int64_t step);
   // Every element averaged: the model is one model again (end of training, before evaluation and saving).
   void full_sync();
+  // The weights were replaced (a checkpoint loaded, identical on every rank): they become the anchor, the
+  // signal restarts and the core is chosen again.
+  void restart();
 
   int64_t rounds() const { return rounds_; }
   // Fraction of the slim elements exchanged in the last round (1 after a full sync).

@@ -167,6 +167,12 @@ at::Tensor SlimSync::core() const {
   return at::tensor(out, at::kLong);
 }
 
+void SlimSync::restart() {
+  anchor_.copy_(weights_);
+  signal_.zero_();
+  refresh_core();
+}
+
 // Every element: one all-reduce of w − a; the model is one model again.
 void SlimSync::full_sync() {
   at::NoGradGuard no_grad;

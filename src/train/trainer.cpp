@@ -279,6 +279,7 @@ void Trainer::resume() {
   optim_->set_steps_taken(meta.state.value("optimizer_steps", meta.step));
   start_step_ = meta.step;
   dp_->after_optimizer_step();  // zero1/zero2: the full params from the loaded shards
+  if (slim_) slim_->restart();  // the loaded weights are the new anchor
   if (rank_ == 0)
     std::fprintf(stderr, "resumed from %s at step %lld (saved at %d ranks; %.2f s)\n", path.c_str(),
                  (long long)start_step_, meta.plan.value("world", 0), seconds_since(t0));
