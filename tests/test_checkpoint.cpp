@@ -192,6 +192,15 @@ TEST(Checkpoint, BadCheckpointsExit2NamingTheProblem) {
   std::ofstream(step + "/index.json") << "{\"format\": \"slimshard-checkpoint\", \"tensors\": ";
   resume_fails("", "index.json: not valid JSON", "corrupt index");
   restore();
+  {  // an index of another format version
+    std::string index = file_bytes(step + "/index.json");
+    const size_t at = index.find("\"version\": 2");
+    ASSERT_NE(at, std::string::npos);
+    index.replace(at, 12, "\"version\": 1");
+    std::ofstream(step + "/index.json") << index;
+  }
+  resume_fails("", "checkpoint format version 1", "old format");
+  restore();
   auto r = test::run(mpirun(2) + " train " + kArgs + " --resume " + dir + "/nothing-here");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("no complete checkpoint"), std::string::npos) << r.output;

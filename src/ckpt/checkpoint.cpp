@@ -7,7 +7,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "slimshard/ckpt.h"
@@ -20,6 +22,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFormat = "slimshard-checkpoint";
+constexpr int kVersion = 2;  // 2: per-piece byte offsets and CRCs
 
 std::string rank_file(int r) {
   char b[40];
@@ -29,11 +32,11 @@ std::string rank_file(int r) {
 
 std::string piece_key(const TensorPiece& p) { return p.name + "@" + std::to_string(p.start); }
 
-uint32_t crc_of(const std::string& bytes) {
+uint32_t crc_of(const char* data, size_t size) {
   uLong c = crc32(0L, Z_NULL, 0);
-  for (size_t off = 0; off < bytes.size(); off += 1u << 30) {
-    const auto n = static_cast<uInt>(std::min<size_t>(bytes.size() - off, 1u << 30));
-    c = crc32(c, reinterpret_cast<const Bytef*>(bytes.data() + off), n);
+  for (size_t off = 0; off < size; off += 1u << 30) {
+    const auto n = static_cast<uInt>(std::min<size_t>(size - off, 1u << 30));
+    c = crc32(c, reinterpret_cast<const Bytef*>(data + off), n);
   }
   return static_cast<uint32_t>(c);
 }
@@ -70,39 +73,74 @@ nlohmann::json read_index(const std::string& path) {
   if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("tensors") || !j.contains("files") ||
       !j["tensors"].is_object() || !j["files"].is_array())
     throw UsageError(file + ": not a slimshard checkpoint index");
+  const nlohmann::json version = j.value("version", nlohmann::json());
+  if (!version.is_number_integer() || version.get<int>() != kVersion)
+    throw UsageError(file + ": checkpoint format version " + version.dump() +
+                     ", this slimshard reads version " + std::to_string(kVersion));
   return j;
 }
 
-// The rank files of a checkpoint, read and CRC-checked on first use.
-class FileCache {
+// Reads pieces out of the rank files: only the byte ranges a piece occupies (so a rank loading 1/M of a
+// model reads about 1/M of the checkpoint), each checked against its own CRC-32 from the index; a file's
+// size is checked against the index when it is first opened.
+class PieceReader {
  public:
-  FileCache(std::string path, const nlohmann::json& files) : path_(std::move(path)) {
+  PieceReader(std::string path, const nlohmann::json& files) : path_(std::move(path)) {
     try {
       for (const auto& f : files) info_[f.at("rank").get<int>()] = f;
     } catch (const nlohmann::json::exception& e) {
       throw UsageError(path_ + "/index.json: bad files entry (" + e.what() + ")");
     }
   }
-  const SafeTensorsFile& get(int rank) {
-    auto it = files_.find(rank);
-    if (it != files_.end()) return it->second;
-    auto f = info_.find(rank);
-    if (f == info_.end())
-      throw UsageError(path_ + "/index.json: no file listed for rank " + std::to_string(rank));
-    const std::string file = path_ + "/" + f->second.at("file").get<std::string>();
-    const std::string raw = read_file(file, "checkpoint file");
-    if (static_cast<int64_t>(raw.size()) != f->second.at("bytes").get<int64_t>())
-      throw UsageError(file + ": " + std::to_string(raw.size()) + " bytes, the index says " +
-                       std::to_string(f->second.at("bytes").get<int64_t>()) + " (truncated or replaced)");
-    if (crc_of(raw) != f->second.at("crc32").get<uint32_t>())
-      throw UsageError(file + ": checksum mismatch (corrupted)");
-    return files_.emplace(rank, load_safetensors(file)).first->second;
+  ~PieceReader() {
+    for (auto& kv : fds_) ::close(kv.second);
+  }
+  PieceReader(const PieceReader&) = delete;
+  PieceReader& operator=(const PieceReader&) = delete;
+
+  // Piece `q` (an index entry: rank, key, start, end, offset, crc32) as a flat fp32 tensor.
+  at::Tensor read(const nlohmann::json& q) {
+    const int r = q.at("rank").get<int>();
+    const std::string file = path_ + "/" + rank_file(r);
+    const int fd = open(r, file);
+    const int64_t numel = q.at("end").get<int64_t>() - q.at("start").get<int64_t>();
+    const int64_t offset = q.at("offset").get<int64_t>();
+    at::Tensor out = at::empty({numel}, at::kFloat);
+    char* dst = static_cast<char*>(out.data_ptr());
+    const size_t bytes = static_cast<size_t>(numel) * sizeof(float);
+    for (size_t done = 0; done < bytes;) {
+      const ssize_t n =
+          ::pread(fd, dst + done, bytes - done, static_cast<off_t>(offset) + static_cast<off_t>(done));
+      if (n <= 0)
+        throw UsageError(file + ": cannot read tensor " + q.at("key").get<std::string>() + " (truncated)");
+      done += static_cast<size_t>(n);
+    }
+    if (crc_of(dst, bytes) != q.at("crc32").get<uint32_t>())
+      throw UsageError(file + ": checksum mismatch in tensor " + q.at("key").get<std::string>() +
+                       " (corrupted)");
+    return out;
   }
 
  private:
+  int open(int rank, const std::string& file) {
+    auto it = fds_.find(rank);
+    if (it != fds_.end()) return it->second;
+    auto f = info_.find(rank);
+    if (f == info_.end())
+      throw UsageError(path_ + "/index.json: no file listed for rank " + std::to_string(rank));
+    const int fd = ::open(file.c_str(), O_RDONLY);
+    if (fd < 0) throw UsageError(file + ": cannot open checkpoint file (" + std::strerror(errno) + ")");
+    fds_[rank] = fd;
+    const off_t size = ::lseek(fd, 0, SEEK_END);
+    if (size != f->second.at("bytes").get<off_t>())
+      throw UsageError(file + ": " + std::to_string(size) + " bytes, the index says " +
+                       std::to_string(f->second.at("bytes").get<int64_t>()) + " (truncated or replaced)");
+    return fd;
+  }
+
   std::string path_;
   std::map<int, nlohmann::json> info_;
-  std::map<int, SafeTensorsFile> files_;
+  std::map<int, int> fds_;
 };
 
 }  // namespace
@@ -148,11 +186,26 @@ std::string save_checkpoint(Communicator& comm, const std::string& dir, const Ch
   nlohmann::json mine;
   try {
     save_safetensors(file, out, {{"slimshard.rank", std::to_string(rank)}});
+    // Each piece's absolute byte offset and CRC-32, from the file as written: loaders read just the pieces
+    // they need. The whole file's CRC is kept too, for checking a file on its own.
     const std::string raw = read_file(file, "checkpoint file");
+    uint64_t header = 0;
+    for (int i = 0; i < 8; ++i)
+      header |= static_cast<uint64_t>(static_cast<unsigned char>(raw[i])) << (8 * i);
+    const auto offsets =
+        nlohmann::json::parse(raw.begin() + 8, raw.begin() + 8 + static_cast<std::ptrdiff_t>(header));
+    for (auto& q : listed) {
+      const size_t b =
+          8 + header + offsets.at(q["key"].get<std::string>()).at("data_offsets")[0].get<size_t>();
+      const size_t n =
+          static_cast<size_t>(q["end"].get<int64_t>() - q["start"].get<int64_t>()) * sizeof(float);
+      q["offset"] = b;
+      q["crc32"] = crc_of(raw.data() + b, n);
+    }
     mine = {{"rank", rank},
             {"file", rank_file(rank)},
             {"bytes", raw.size()},
-            {"crc32", crc_of(raw)},
+            {"crc32", crc_of(raw.data(), raw.size())},
             {"pieces", listed}};
   } catch (const std::exception& e) {
     mine = {{"error", e.what()}};
@@ -167,7 +220,7 @@ std::string save_checkpoint(Communicator& comm, const std::string& dir, const Ch
 
   if (rank == 0) {
     try {
-      nlohmann::json index = {{"format", kFormat},  {"version", 1},        {"step", meta.step},
+      nlohmann::json index = {{"format", kFormat},  {"version", kVersion}, {"step", meta.step},
                               {"world", world},     {"model", meta.model}, {"plan", meta.plan},
                               {"state", meta.state}};
       nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::object();
@@ -177,8 +230,12 @@ std::string save_checkpoint(Communicator& comm, const std::string& dir, const Ch
           t["dtype"] = "F32";
           t["shape"] = p["shape"];
           t["per_rank"] = p["per_rank"];
-          t["pieces"].push_back(
-              {{"rank", m["rank"]}, {"key", p["key"]}, {"start", p["start"]}, {"end", p["end"]}});
+          t["pieces"].push_back({{"rank", m["rank"]},
+                                 {"key", p["key"]},
+                                 {"start", p["start"]},
+                                 {"end", p["end"]},
+                                 {"offset", p["offset"]},
+                                 {"crc32", p["crc32"]}});
         }
         m.erase("pieces");
         files.push_back(m);
@@ -236,7 +293,7 @@ CheckpointMeta load_checkpoint(const std::string& path, int rank, const std::vec
   const nlohmann::json index = read_index(path);
   const std::string where = path + "/index.json";
   const CheckpointMeta meta = meta_of(index, where);
-  FileCache files(path, index["files"]);
+  PieceReader files(path, index["files"]);
   try {
     for (const TensorPiece& p : pieces) {
       const auto t = index["tensors"].find(p.name);
@@ -257,12 +314,9 @@ CheckpointMeta load_checkpoint(const std::string& path, int rank, const std::vec
         const int64_t a = std::max(lo, q.at("start").get<int64_t>()),
                       b = std::min(hi, q.at("end").get<int64_t>());
         if (a >= b) continue;
-        const std::string key = q.at("key").get<std::string>();
-        const at::Tensor* src = files.get(r).find(key);
-        if (!src || src->numel() != q["end"].get<int64_t>() - q["start"].get<int64_t>())
-          throw UsageError(path + "/" + rank_file(r) + ": tensor " + key + " missing or of the wrong size");
+        const at::Tensor src = files.read(q);
         dst.slice(0, a - lo, b - lo)
-            .copy_(src->slice(0, a - q["start"].get<int64_t>(), b - q["start"].get<int64_t>()));
+            .copy_(src.slice(0, a - q["start"].get<int64_t>(), b - q["start"].get<int64_t>()));
         covered += b - a;
       }
       if (covered != hi - lo)
