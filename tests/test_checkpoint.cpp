@@ -78,22 +78,30 @@ std::string file_bytes(const std::string& path) {
 
 TEST(Checkpoint, ResumeIsBitExactDdpZero3AndSlim) {
   const std::string dir = test::scratch_dir();
-  // Slim-DP with α = 1: the selection is everything, so the resumed run depends only on the weights and each
-  // rank's own optimizer state being restored (and the anchor reset to the loaded weights).
+  // Slim-DP at its defaults: the resumed run must get back each rank's own optimizer state and the agreed
+  // signal, core, round count (the explorer's seed) and anchor. A slim save is a full synchronisation, so the
+  // uninterrupted run saves on the same schedule (every 5 steps; the interrupted one exits after 10).
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"ddp", "--strategy ddp"}, {"zero3", "--strategy zero3"}, {"slim", "--strategy slim --slim-core 1"}};
+      {"ddp", "--strategy ddp"}, {"zero3", "--strategy zero3"}, {"slim", "--strategy slim --slim-refresh 3"}};
   for (const auto& [tag, st] : cases) {
-    const std::string ck = dir + "/ck-" + tag;
-    CkptRun full = train(2, st, dir, tag + "-full");
-    CkptRun a = train(2, st + " --ckpt-dir " + ck + " --save-every 4 --exit-after-steps 10", dir, tag + "-a");
+    const std::string ck = dir + "/ck-" + tag, save = " --save-every 5 --ckpt-dir ";
+    CkptRun full = train(2, st + save + dir + "/ck-full-" + tag, dir, tag + "-full");
+    ASSERT_EQ(full.code, 0) << full.output;
+    CkptRun a = train(2, st + save + ck + " --exit-after-steps 10", dir, tag + "-a");
     ASSERT_EQ(a.code, 0) << a.output;
     EXPECT_EQ(a.losses.size(), 10u);
     EXPECT_EQ(latest_checkpoint(ck), ck + "/step-00000010");
-    EXPECT_TRUE(fs::exists(ck + "/step-00000008/index.json"));
-    CkptRun b = train(2, st + " --resume " + ck, dir, tag + "-b");
+    EXPECT_TRUE(fs::exists(ck + "/step-00000005/index.json"));
+    CkptRun b = train(2, st + save + ck + " --resume " + ck, dir, tag + "-b");
     ASSERT_EQ(b.code, 0) << b.output;
     EXPECT_NE(b.output.find("resumed from " + ck + "/step-00000010"), std::string::npos) << b.output;
     expect_continues(full, a, b, 0, tag + " resumed at step 10");
+    if (tag != "slim") continue;
+    EXPECT_NE(b.output.find("Slim-DP state restored"), std::string::npos) << b.output;
+    // Other Slim-DP settings: the weights load, the core is chosen again, and the run says so.
+    CkptRun c = train(2, st + " --slim-core 0.5 --resume " + ck + "/step-00000010", dir, tag + "-c");
+    ASSERT_EQ(c.code, 0) << c.output;
+    EXPECT_NE(c.output.find("the core is chosen again"), std::string::npos) << c.output;
   }
 }
 

@@ -30,6 +30,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 // Validates the header against the file (sizes, offsets, dtypes); problems -> UsageError naming file and
 // tensor.
 SafeTensorsFile load_safetensors(const std::string& path);
+// A safetensors dtype name ("F32", "U8", ...) → the scalar type; false if not one this reader knows.
+bool dtype_from(const std::string& name, at::ScalarType* out);
 
 struct ModelConfig;
 // A model's full weights with its config ("slimshard.model" metadata). Row blocks of split ops ("w#0", "w#1",
@@ -55,17 +57,18 @@ struct TensorPiece {
   std::string name;            // logical name: "blocks.0.mlp.fc.weight", "blocks.0.mlp.fc.weight.exp_avg"
   std::vector<int64_t> shape;  // the logical tensor's shape
   int64_t start = 0;
-  at::Tensor data;          // flat; saving reads it, loading writes into it
+  at::Tensor data;          // flat (any dtype safetensors has); saving reads it, loading writes into it
   bool replicated = false;  // the same on every rank (ddp): one rank saves it
   bool per_rank = false;    // each rank's own value (Slim-DP's local optimizer state): every rank saves it,
                             // and loads its own (rank 0's when the checkpoint had fewer ranks)
 };
 
 struct CheckpointMeta {
-  int64_t step = 0;      // optimizer steps completed
-  nlohmann::json model;  // the model config
-  nlohmann::json plan;   // strategy and splits per op
-  nlohmann::json state;  // trainer state (optimizer step count, seed, data position, ...)
+  int64_t step = 0;                  // optimizer steps completed
+  nlohmann::json model;              // the model config
+  nlohmann::json plan;               // strategy and splits per op
+  nlohmann::json state;              // trainer state (optimizer step count, seed, data position, ...)
+  std::vector<std::string> tensors;  // the logical tensors the checkpoint holds
 };
 
 // A collective: every rank writes its pieces; rank 0 then writes the index and makes the checkpoint visible

@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace slimshard {
@@ -33,6 +35,13 @@ class SlimSync {
   // The weights were replaced (a checkpoint loaded, identical on every rank): they become the anchor, the
   // signal restarts and the core is chosen again.
   void restart();
+  // What a checkpoint holds for a resumed run to continue bit for bit: per slim param, views of its slice of
+  // the signal (F32) and of the core mask (U8), both identical on every rank; loading writes into them. The
+  // weights saved are one model (a save follows a full sync), so they are also the anchor. After loading,
+  // resumed() recounts the core and restores the round count (which seeds the explorer) and the digest.
+  std::vector<std::pair<std::string, at::Tensor>> state_of(const ShardedParam* p);
+  void resumed(int64_t rounds, int64_t digest);
+  const SlimOptions& options() const { return o_; }
 
   int64_t rounds() const { return rounds_; }
   // Fraction of the slim elements exchanged in the last round (1 after a full sync).

@@ -98,16 +98,16 @@ class PieceReader {
   PieceReader(const PieceReader&) = delete;
   PieceReader& operator=(const PieceReader&) = delete;
 
-  // Piece `q` (an index entry: rank, key, start, end, offset, crc32) as a flat fp32 tensor.
-  at::Tensor read(const nlohmann::json& q) {
+  // Piece `q` (an index entry: rank, key, start, end, offset, crc32) as a flat tensor of `dtype`.
+  at::Tensor read(const nlohmann::json& q, at::ScalarType dtype) {
     const int r = q.at("rank").get<int>();
     const std::string file = path_ + "/" + rank_file(r);
     const int fd = open(r, file);
     const int64_t numel = q.at("end").get<int64_t>() - q.at("start").get<int64_t>();
     const int64_t offset = q.at("offset").get<int64_t>();
-    at::Tensor out = at::empty({numel}, at::kFloat);
+    at::Tensor out = at::empty({numel}, dtype);
     char* dst = static_cast<char*>(out.data_ptr());
-    const size_t bytes = static_cast<size_t>(numel) * sizeof(float);
+    const size_t bytes = out.nbytes();
     for (size_t done = 0; done < bytes;) {
       const ssize_t n =
           ::pread(fd, dst + done, bytes - done, static_cast<off_t>(offset) + static_cast<off_t>(done));
@@ -195,12 +195,12 @@ std::string save_checkpoint(Communicator& comm, const std::string& dir, const Ch
     const auto offsets =
         nlohmann::json::parse(raw.begin() + 8, raw.begin() + 8 + static_cast<std::ptrdiff_t>(header));
     for (auto& q : listed) {
-      const size_t b =
-          8 + header + offsets.at(q["key"].get<std::string>()).at("data_offsets")[0].get<size_t>();
-      const size_t n =
-          static_cast<size_t>(q["end"].get<int64_t>() - q["start"].get<int64_t>()) * sizeof(float);
-      q["offset"] = b;
-      q["crc32"] = crc_of(raw.data() + b, n);
+      const nlohmann::json& entry = offsets.at(q["key"].get<std::string>());
+      const size_t b = entry.at("data_offsets")[0].get<size_t>(),
+                   e = entry.at("data_offsets")[1].get<size_t>();
+      q["dtype"] = entry.at("dtype");
+      q["offset"] = 8 + header + b;
+      q["crc32"] = crc_of(raw.data() + 8 + header + b, e - b);
     }
     mine = {{"rank", rank},
             {"file", rank_file(rank)},
@@ -227,7 +227,7 @@ std::string save_checkpoint(Communicator& comm, const std::string& dir, const Ch
       for (auto& m : all) {
         for (const auto& p : m["pieces"]) {
           nlohmann::json& t = tensors[p["name"].get<std::string>()];
-          t["dtype"] = "F32";
+          t["dtype"] = p["dtype"];
           t["shape"] = p["shape"];
           t["per_rank"] = p["per_rank"];
           t["pieces"].push_back({{"rank", m["rank"]},
@@ -278,6 +278,7 @@ CheckpointMeta meta_of(const nlohmann::json& index, const std::string& where) {
     meta.model = index.at("model");
     meta.plan = index.value("plan", nlohmann::json());
     meta.state = index.value("state", nlohmann::json::object());
+    for (const auto& t : index.at("tensors").items()) meta.tensors.push_back(t.key());
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(where + ": bad entry (" + e.what() + ")");
   }
@@ -301,6 +302,11 @@ CheckpointMeta load_checkpoint(const std::string& path, int rank, const std::vec
       if (t->at("shape").get<std::vector<int64_t>>() != p.shape)
         throw UsageError(where + ": tensor " + p.name + " has shape " + t->at("shape").dump() +
                          ", this model expects " + nlohmann::json(p.shape).dump());
+      at::ScalarType type;
+      if (!dtype_from(t->value("dtype", "F32"), &type) || type != p.data.scalar_type())
+        throw UsageError(where + ": tensor " + p.name + " has dtype " +
+                         t->value("dtype", nlohmann::json()).dump() + ", this run expects " +
+                         c10::toString(p.data.scalar_type()));
       const int64_t lo = p.start, hi = p.start + p.data.numel();
       const bool per_rank = t->value("per_rank", false);
       int from = -1;  // per-rank tensors: this rank's own copy if the checkpoint has one, else rank 0's
@@ -314,7 +320,7 @@ CheckpointMeta load_checkpoint(const std::string& path, int rank, const std::vec
         const int64_t a = std::max(lo, q.at("start").get<int64_t>()),
                       b = std::min(hi, q.at("end").get<int64_t>());
         if (a >= b) continue;
-        const at::Tensor src = files.read(q);
+        const at::Tensor src = files.read(q, dst.scalar_type());
         dst.slice(0, a - lo, b - lo)
             .copy_(src.slice(0, a - q["start"].get<int64_t>(), b - q["start"].get<int64_t>()));
         covered += b - a;
@@ -340,7 +346,10 @@ NamedTensors read_checkpoint_tensors(const std::string& path, CheckpointMeta* me
       p.shape = t.at("shape").get<std::vector<int64_t>>();
       int64_t n = 1;
       for (int64_t d : p.shape) n *= d;
-      p.data = at::empty({n}, at::kFloat);
+      at::ScalarType type;
+      if (!dtype_from(t.value("dtype", "F32"), &type))
+        throw UsageError(path + "/index.json: tensor " + name + ": unknown dtype " + t["dtype"].dump());
+      p.data = at::empty({n}, type);
       whole.push_back(p);
       out.emplace_back(name, p.data.view(p.shape));
     }

@@ -25,13 +25,13 @@ const char* dtype_name(at::ScalarType t) {
   throw std::logic_error(std::string("safetensors: unsupported dtype ") + c10::toString(t));
 }
 
+}  // namespace
+
 bool dtype_from(const std::string& name, at::ScalarType* out) {
   for (const auto& d : kDtypes)
     if (name == d.name) return *out = d.type, true;
   return false;
 }
-
-}  // namespace
 
 const at::Tensor* SafeTensorsFile::find(const std::string& name) const {
   for (const auto& kv : tensors)

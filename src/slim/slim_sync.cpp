@@ -173,6 +173,23 @@ void SlimSync::restart() {
   refresh_core();
 }
 
+std::vector<std::pair<std::string, at::Tensor>> SlimSync::state_of(const ShardedParam* p) {
+  const auto it = std::find(params_.begin(), params_.end(), p);
+  if (it == params_.end()) throw std::logic_error("SlimSync::state_of: not a slim param");
+  const int64_t lo = offsets_[static_cast<size_t>(it - params_.begin())],
+                hi = offsets_[static_cast<size_t>(it - params_.begin()) + 1];
+  at::Tensor core = at::from_blob(in_core_.data(), {total_}, at::kByte);
+  return {{"slim_signal", signal_.slice(0, lo, hi)}, {"slim_core", core.slice(0, lo, hi)}};
+}
+
+void SlimSync::resumed(int64_t rounds, int64_t digest) {
+  anchor_.copy_(weights_);
+  core_count_ = 0;
+  for (uint8_t& c : in_core_) core_count_ += (c = c != 0);
+  rounds_ = rounds;
+  digest_ = static_cast<uint64_t>(digest);
+}
+
 // Every element: one all-reduce of w − a; the model is one model again.
 void SlimSync::full_sync() {
   at::NoGradGuard no_grad;

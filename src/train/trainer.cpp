@@ -8,6 +8,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <set>
 #include <thread>
 
 #include "progress.h"
@@ -77,8 +78,12 @@ class Trainer {
   void inject_fault(int64_t step);
   // Checkpoints: this rank's pieces of every logical tensor (params and optimizer state), saving after
   // `steps` steps, and resuming.
-  std::vector<TensorPiece> pieces();
+  // What a checkpoint holds of this rank; with `slim_state`, also Slim-DP's agreed signal and core.
+  std::vector<TensorPiece> pieces(bool slim_state = true);
   nlohmann::json plan_json() const;
+  // Slim-DP's settings and round count, saved with a checkpoint: its state is restored only under the same
+  // settings.
+  nlohmann::json slim_state_json() const;
   void save(int64_t steps);
   void resume();
   // --exit-after-mins: whether any rank's clock says time is up (a small collective, so all ranks agree).
@@ -175,7 +180,7 @@ void Trainer::setup() {
   if (!o_.resume.empty()) resume();
 }
 
-std::vector<TensorPiece> Trainer::pieces() {
+std::vector<TensorPiece> Trainer::pieces(bool slim_state) {
   // Split ops keep row blocks "w#0", "w#1", ...: consecutive ranges of the flattened logical tensor "w".
   std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> logical;  // name -> (numel so far, shape)
   std::vector<std::pair<std::string, int64_t>> where;                       // per param: logical name, offset
@@ -211,6 +216,8 @@ std::vector<TensorPiece> Trainer::pieces() {
     add(where[i].first, p->master(), false);
     // Slim-DP's optimizer state is each rank's own; ddp's is identical everywhere; zero's is the owned slice.
     for (auto& [key, t] : p->optim_state()) add(where[i].first + "." + key, t, st == Strategy::slim);
+    if (st == Strategy::slim && slim_state)
+      for (auto& [key, t] : slim_->state_of(p)) add(where[i].first + "." + key, t, false);
   }
   return out;
 }
@@ -220,6 +227,18 @@ nlohmann::json Trainer::plan_json() const {
   for (const auto& [op, c] : choices_)
     ops[op] = {{"strategy", strategy_name(c.strategy)}, {"splits", c.splits}};
   return {{"world", world_}, {"ops", ops}};
+}
+
+nlohmann::json Trainer::slim_state_json() const {
+  const SlimOptions& o = slim_->options();
+  return {{"period", o.period},
+          {"core", o.core},
+          {"explore", o.explore},
+          {"refresh", o.refresh},
+          {"full_sync_every", o.full_sync_every},
+          {"seed", o.seed},
+          {"rounds", slim_->rounds()},
+          {"digest", slim_->selection_digest()}};
 }
 
 void Trainer::save(int64_t steps) {
@@ -233,6 +252,7 @@ void Trainer::save(int64_t steps) {
                 {"seed", o_.seed},
                 {"data_position", steps},
                 {"global_batch", o_.batch_size}};
+  if (slim_) meta.state["slim"] = slim_state_json();
   const bool kill = fault_.kind == "killsave" && fault_.rank == rank_ && fault_.step == steps;
   const auto t0 = Clock::now();
   last_ckpt_ = save_checkpoint(comm_, o_.ckpt_dir, meta, pieces(), o_.keep_last, [&] {
@@ -256,6 +276,7 @@ void Trainer::resume() {
   const auto t0 = Clock::now();
   CheckpointMeta meta;
   std::string error;
+  bool slim_state = false;
   try {
     meta = checkpoint_meta(path);
     if (meta.model != o_.model.to_json())
@@ -267,7 +288,18 @@ void Trainer::resume() {
     if (meta.step >= o_.steps)
       throw UsageError(path + ": already at step " + std::to_string(meta.step) + " of --steps " +
                        std::to_string(o_.steps));
-    meta = load_checkpoint(path, rank_, pieces());
+    // Slim-DP's state is taken when the checkpoint has it for every slim op, saved with the same settings;
+    // otherwise the loaded weights become the anchor and the core is chosen again (not bit-exact).
+    if (slim_) {
+      const nlohmann::json saved = meta.state.value("slim", nlohmann::json::object());
+      nlohmann::json now = slim_state_json();
+      now["rounds"] = saved.value("rounds", nlohmann::json()),
+      now["digest"] = saved.value("digest", nlohmann::json());
+      slim_state = saved == now;
+      const std::set<std::string> held(meta.tensors.begin(), meta.tensors.end());
+      for (const TensorPiece& p : pieces(true)) slim_state = slim_state && held.count(p.name);
+    }
+    meta = load_checkpoint(path, rank_, pieces(slim_state));
   } catch (const UsageError& e) {
     error = e.what();
   }
@@ -279,10 +311,16 @@ void Trainer::resume() {
   optim_->set_steps_taken(meta.state.value("optimizer_steps", meta.step));
   start_step_ = meta.step;
   dp_->after_optimizer_step();  // zero1/zero2: the full params from the loaded shards
-  if (slim_) slim_->restart();  // the loaded weights are the new anchor
+  if (slim_ && slim_state)
+    slim_->resumed(meta.state["slim"]["rounds"].get<int64_t>(), meta.state["slim"]["digest"].get<int64_t>());
+  else if (slim_)
+    slim_->restart();  // the loaded weights are the new anchor
   if (rank_ == 0)
-    std::fprintf(stderr, "resumed from %s at step %lld (saved at %d ranks; %.2f s)\n", path.c_str(),
-                 (long long)start_step_, meta.plan.value("world", 0), seconds_since(t0));
+    std::fprintf(stderr, "resumed from %s at step %lld (saved at %d ranks; %.2f s)%s\n", path.c_str(),
+                 (long long)start_step_, meta.plan.value("world", 0), seconds_since(t0),
+                 !slim_       ? ""
+                 : slim_state ? "; Slim-DP state restored"
+                              : "; Slim-DP: no saved state for these settings, the core is chosen again");
 }
 
 void Trainer::print_buffers() {
