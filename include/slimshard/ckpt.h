@@ -20,7 +20,6 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 struct SafeTensorsFile {
   std::map<std::string, std::string> metadata;
   NamedTensors tensors;  // in file order
-  const at::Tensor* find(const std::string& name) const;
 };
 
 // Writes atomically (temp file, fsync, rename). Tensors must be CPU, contiguous-able;

@@ -33,12 +33,6 @@ bool dtype_from(const std::string& name, at::ScalarType* out) {
   return false;
 }
 
-const at::Tensor* SafeTensorsFile::find(const std::string& name) const {
-  for (const auto& kv : tensors)
-    if (kv.first == name) return &kv.second;
-  return nullptr;
-}
-
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
