@@ -22,6 +22,9 @@ struct SafeTensorsFile {
   NamedTensors tensors;  // in file order
 };
 
+// The whole file in memory: 8-byte header length, JSON header, data.
+std::string safetensors_bytes(const NamedTensors& tensors,
+                              const std::map<std::string, std::string>& metadata);
 // Writes atomically (temp file, fsync, rename). Tensors must be CPU, contiguous-able;
 // F32/F16/BF16/I64/I32/U8/U16.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,

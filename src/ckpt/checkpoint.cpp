@@ -185,10 +185,10 @@ std::string save_checkpoint(Communicator& comm, const std::string& dir, const Ch
   const std::string file = partial + "/" + rank_file(rank);
   nlohmann::json mine;
   try {
-    save_safetensors(file, out, {{"slimshard.rank", std::to_string(rank)}});
-    // Each piece's absolute byte offset and CRC-32, from the file as written: loaders read just the pieces
-    // they need. The whole file's CRC is kept too, for checking a file on its own.
-    const std::string raw = read_file(file, "checkpoint file");
+    // Each piece's absolute byte offset and CRC-32, from the bytes written: loaders read just the pieces they
+    // need. The whole file's CRC is kept too, for checking a file on its own.
+    const std::string raw = safetensors_bytes(out, {{"slimshard.rank", std::to_string(rank)}});
+    write_file_atomic(file, raw);
     uint64_t header = 0;
     for (int i = 0; i < 8; ++i)
       header |= static_cast<uint64_t>(static_cast<unsigned char>(raw[i])) << (8 * i);

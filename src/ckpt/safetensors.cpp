@@ -33,8 +33,8 @@ bool dtype_from(const std::string& name, at::ScalarType* out) {
   return false;
 }
 
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+std::string safetensors_bytes(const NamedTensors& tensors,
+                              const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<at::Tensor> contiguous;
@@ -56,7 +56,12 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
   out += h;
   for (const auto& c : contiguous) out.append(static_cast<const char*>(c.data_ptr()), c.nbytes());
-  write_file_atomic(path, out);
+  return out;
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  write_file_atomic(path, safetensors_bytes(tensors, metadata));
 }
 
 SafeTensorsFile load_safetensors(const std::string& path) {
