@@ -295,7 +295,7 @@ void Trainer::resume() {
       nlohmann::json now = slim_state_json();
       now["rounds"] = saved.value("rounds", nlohmann::json()),
       now["digest"] = saved.value("digest", nlohmann::json());
-      slim_state = saved == now;
+      slim_state = saved == now && now["rounds"].is_number_integer() && now["digest"].is_number_integer();
       const std::set<std::string> held(meta.tensors.begin(), meta.tensors.end());
       for (const TensorPiece& p : pieces(true)) slim_state = slim_state && held.count(p.name);
     }
