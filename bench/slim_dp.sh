@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Slim-DP against DDP, back to back in one invocation, equal steps and seeds: KJV gpt-small at 2 and 4 ranks and the
-# Fashion-MNIST CNN at 4 ranks; DDP, then Slim-DP at its defaults (α 0.25, β 0.1) and two other α/β settings.
+# Fashion-MNIST CNN at 4 ranks; DDP, then Slim-DP at its defaults (α 0.25, β 0.1), two other α/β settings, and
+# the defaults with --slim-adam corrected.
 # Prints, per run: bytes communicated per rank (and the fraction of DDP's), final validation loss (CNN: test
 # accuracy) and its gap to DDP, tokens/s (CNN: images/s); writes every run's metrics and the plots (loss vs step,
 # loss vs bytes; one SVG per experiment) to OUT (default bench-out/slim-dp).
@@ -13,7 +14,7 @@ out=${OUT:-$here/bench-out/slim-dp}
 steps=${STEPS:-300}
 cnn_steps=${CNN_STEPS:-400}
 experiments=${EXPERIMENTS:-"gpt-small-2 gpt-small-4 cnn-4"}
-settings=${SETTINGS:-"ddp slim:0.25:0.1 slim:0.1:0.05 slim:0.5:0.2"}
+settings=${SETTINGS:-"ddp slim:0.25:0.1 slim:0.1:0.05 slim:0.5:0.2 slim:0.25:0.1:corrected"}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -x "$bin" ] || { echo "build first: make build" >&2; exit 2; }
 mkdir -p "$out"
@@ -32,8 +33,9 @@ for exp in $experiments; do
     if [ "$s" = ddp ]; then
       flags="--strategy ddp"; tag=ddp
     else
-      IFS=: read -r _ a b <<<"$s"
-      flags="--strategy slim --slim-core $a --slim-explore $b"; tag="slim-a$a-b$b"
+      IFS=: read -r _ a b adam <<<"$s"
+      flags="--strategy slim --slim-core $a --slim-explore $b --slim-adam ${adam:-local}"
+      tag="slim-a$a-b$b${adam:+-$adam}"
     fi
     m="$out/$exp-$tag.jsonl"
     echo "  $exp $tag ..." >&2
@@ -50,7 +52,7 @@ done
 python3 - "$out" $experiments <<'EOF'
 import json, os, sys
 out, exps = sys.argv[1], sys.argv[2:]
-print(f"\n{'experiment':<12} {'run':<18} {'MiB sent/rank':>13} {'vs ddp':>7} {'val loss':>9} {'gap':>7} {'acc %':>6} {'units/s':>9}")
+print(f"\n{'experiment':<12} {'run':<26} {'MiB sent/rank':>13} {'vs ddp':>7} {'val loss':>9} {'gap':>7} {'acc %':>6} {'units/s':>9}")
 for exp in exps:
     runs = sorted(f for f in os.listdir(out) if f.startswith(exp + "-") and f.endswith(".jsonl"))
     runs.sort(key=lambda f: (not f.endswith("-ddp.jsonl"), f))
@@ -61,7 +63,7 @@ for exp in exps:
         rate = s.get("tokens_per_s") or s.get("samples_per_s") or 0
         if base is None: base = s
         acc = s.get("val_acc")
-        print(f"{exp:<12} {tag:<18} {s['comm_bytes'] / 2**20:13.1f} {s['comm_bytes'] / base['comm_bytes']:7.2f} "
+        print(f"{exp:<12} {tag:<26} {s['comm_bytes'] / 2**20:13.1f} {s['comm_bytes'] / base['comm_bytes']:7.2f} "
               f"{s['val_loss']:9.4f} {100 * (s['val_loss'] / base['val_loss'] - 1):+6.1f}% "
               f"{(100 * acc if acc is not None else float('nan')):6.2f} {rate:9.0f}")
 EOF

@@ -14,6 +14,9 @@ struct OptimConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;  // decoupled for AdamW; L2 added to the gradient for SGD (as torch.optim.SGD)
   double momentum = 0.9;      // SGD
+  // AdamW on slim params when > 1 (`--slim-adam corrected`): each rank's second moment is corrected to that
+  // of the average of this many ranks' gradients, v̂_N = m̂² + max(v̂ − m̂², 0) / N (docs/slim-dp.md).
+  int slim_ranks = 1;
 };
 
 class Optimizer {

@@ -52,6 +52,11 @@ void add_slim_flags(CLI::App* sub, SlimOptions& s) {
                   "Slim-DP: a full synchronisation every N rounds (0 = off)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--slim-adam", s.adam,
+                  "Slim-DP: local = each rank's AdamW as is; corrected = its second moment corrected to the "
+                  "average of N ranks' gradients")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"local", "corrected"}));
 }
 
 void add_train_flags(CLI::App* sub, TrainFlags& f) {

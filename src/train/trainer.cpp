@@ -104,6 +104,7 @@ class Trainer {
   std::unique_ptr<DataParallel> dp_;  // after model_: destroyed before the params it hooks
   std::unique_ptr<SlimSync> slim_;    // Slim-DP for the params whose strategy is slim
   int64_t start_step_ = 0;            // > 0 when resumed
+  double grad_norm_ = 0;  // of the last step, before clipping (slim params: this rank's own gradient)
   std::string last_ckpt_;
   std::vector<StepTimes> step_times_;
   std::vector<double> step_bytes_;  // communicated per training step (not counting evaluation)
@@ -166,6 +167,10 @@ void Trainer::setup() {
           "--slim-*: period and refresh >= 1, core in (0, 1], explore in [0, 1], full-sync >= 0");
     o_.slim.seed = o_.seed;
     slim_ = std::make_unique<SlimSync>(comm_, slim_params, o_.slim);
+  }
+  if (slim_ && o_.slim.adam == "corrected") {
+    if (o_.optim.name != "adamw") throw UsageError("--slim-adam corrected: needs --optimizer adamw");
+    o_.optim.slim_ranks = world_;
   }
   optim_ = std::make_unique<Optimizer>(o_.optim);
   optim_->init_state(params_);
@@ -391,10 +396,8 @@ double Trainer::train_step(int64_t step) {
   WorkPtr loss_work = comm_.all_reduce(mean_loss, ReduceOp::avg);
   {
     memory::PhaseScope phase(memory::Phase::optimizer);
-    if (o_.clip > 0) {
-      const double norm = std::sqrt(dp_->grad_sq_sum());
-      if (norm > o_.clip) scale_grads(params_, o_.clip / (norm + 1e-6));
-    }
+    grad_norm_ = std::sqrt(dp_->grad_sq_sum());
+    if (o_.clip > 0 && grad_norm_ > o_.clip) scale_grads(params_, o_.clip / (grad_norm_ + 1e-6));
     optim_->step(params_, schedule_.at(step));
   }
   {
@@ -484,6 +487,7 @@ TrainSummary Trainer::run() {
                        {"lr", schedule_.at(step)}, {rate_key, units_per_step / dt},
                        {"step_ms", dt * 1e3},      {"peak_bytes", peak},
                        {"comm_bytes", step_bytes}};
+    rec["grad_norm"] = grad_norm_;
     if (slim_) rec["slim_fraction"] = (step + 1) % o_.slim.period == 0 ? slim_->last_fraction() : 0.0;
     const bool eval_now = (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == o_.steps;
     const bool time_up = o_.exit_after_mins > 0 && agreed_time_up(t_start);
