@@ -122,38 +122,43 @@ StepSizes step_sizes(double mu, double sigma, int ranks) {
     p->shard(s, 0, 1);
     return p;
   };
+  // One simulated rank set per optimizer; each set's step is the mean of its ranks' updates.
+  struct Ranks {
+    Optimizer opt;
+    std::vector<std::unique_ptr<ShardedParam>> params;
+    at::Tensor step;
+  };
   OptimConfig c;
   c.weight_decay = 0;
-  Optimizer ddp_opt(c), local_opt(c);
+  Optimizer ddp_opt(c);
+  Ranks local{Optimizer(c), {}, {}};
   c.slim_ranks = ranks;
-  Optimizer corrected_opt(c);
+  Ranks corrected{Optimizer(c), {}, {}};
   std::unique_ptr<ShardedParam> ddp = make(Strategy::ddp);
-  std::vector<std::unique_ptr<ShardedParam>> local, corrected;
   for (int r = 0; r < ranks; ++r)
-    local.push_back(make(Strategy::slim)), corrected.push_back(make(Strategy::slim));
+    local.params.push_back(make(Strategy::slim)), corrected.params.push_back(make(Strategy::slim));
   StepSizes out;
   for (int64_t t = 0; t < steps; ++t) {
     at::Tensor mean_grad = at::zeros({n});
-    at::Tensor local_step = at::zeros({n}), corrected_step = at::zeros({n});
+    local.step = at::zeros({n}), corrected.step = at::zeros({n});
     for (int r = 0; r < ranks; ++r) {
       at::Tensor g = at::full({n}, mu) + sigma * at::randn({n});
       mean_grad += g / ranks;
-      for (auto* set : {&local, &corrected}) {
-        ShardedParam& p = *(*set)[r];
+      for (Ranks* set : {&local, &corrected}) {
+        ShardedParam& p = *set->params[r];
         p.grad().copy_(g);
         at::Tensor before = p.master().clone();
-        Optimizer& opt = set == &local ? local_opt : corrected_opt;
-        opt.set_steps_taken(t);  // every rank's optimizer is at step t: they are simulated one after another
-        opt.step({&p}, 1e-3);
-        (set == &local ? local_step : corrected_step) += (p.master() - before) / ranks;
+        set->opt.set_steps_taken(t);  // every rank's optimizer is at step t: they are simulated one by one
+        set->opt.step({&p}, 1e-3);
+        set->step += (p.master() - before) / ranks;
       }
     }
     ddp->grad().copy_(mean_grad);
     at::Tensor before = ddp->master().clone();
     ddp_opt.step({ddp.get()}, 1e-3);
     if (t >= steps / 2) {
-      out.local += local_step.pow(2).mean().item<double>();
-      out.corrected += corrected_step.pow(2).mean().item<double>();
+      out.local += local.step.pow(2).mean().item<double>();
+      out.corrected += corrected.step.pow(2).mean().item<double>();
       out.ddp += (ddp->master() - before).pow(2).mean().item<double>();
     }
   }

@@ -23,8 +23,8 @@ struct SlimOptions {
   int refresh = 10;         // q: rounds between core refreshes
   int full_sync_every = 0;  // rounds between full synchronisations (0 = only at the end and before eval/save)
   uint64_t seed = 1337;     // shared by every rank: the explorer draw is the same everywhere
-  std::string adam =
-      "local";  // local: each rank's AdamW as is; corrected: its second moment for the N-rank batch
+  // local: each rank's AdamW as is; corrected: its second moment for the N-rank batch (AdamW only)
+  std::string adam = "local";
 };
 
 class SlimSync {

@@ -40,16 +40,16 @@ void Optimizer::step(const std::vector<ShardedParam*>& params, double lr) {
       m.mul_(c_.beta1).add_(g, 1.0 - c_.beta1);
       v.mul_(c_.beta2).addcmul_(g, g, 1.0 - c_.beta2);
       if (p->decay() && c_.weight_decay != 0) w.mul_(1.0 - lr * c_.weight_decay);
+      at::Tensor denom;
       if (c_.slim_ranks > 1 && p->strategy() == Strategy::slim) {
         // A rank's v̂ measures its own 1/N-batch gradient; v̂ − m̂² is that gradient's variance, which the
-        // average over N ranks divides by N.
-        at::Tensor m_hat = m / bc1, m_hat_sq = m_hat * m_hat;
-        at::Tensor denom = (v / bc2).sub_(m_hat_sq).clamp_min_(0).div_(c_.slim_ranks);
+        // average over N ranks divides by N: denom = √(m̂² + max(v̂ − m̂², 0)/N) + ε.
+        at::Tensor m_hat_sq = m.square().div_(bc1 * bc1);
+        denom = (v / bc2).sub_(m_hat_sq).clamp_min_(0).div_(c_.slim_ranks);
         denom.add_(m_hat_sq).sqrt_().add_(c_.eps);
-        w.addcdiv_(m_hat, denom, -lr);
-        continue;
+      } else {
+        denom = v.sqrt().div_(std::sqrt(bc2)).add_(c_.eps);
       }
-      at::Tensor denom = v.sqrt().div_(std::sqrt(bc2)).add_(c_.eps);
       w.addcdiv_(m, denom, -lr / bc1);
     }
     return;
