@@ -132,3 +132,36 @@ TEST(Cli, BadDataFilesExit2NamingTheFile) {
   EXPECT_EQ(run(bin() + " train --model gpt-tiny --data " + dir + "/tok.bin --steps 2 --batch-size 2").code,
             0);
 }
+
+// `plot`: the curve's points (counted as circles) and the last point's value (in the legend) against the
+// metrics written; --mean-of averages consecutive points and drops a short tail; bad input exits 2.
+TEST(Cli, PlotDrawsTheMetricsAndTheirMeans) {
+  const std::string dir = test::scratch_dir(), metrics = dir + "/m.jsonl", svg = dir + "/p.svg";
+  std::string lines;
+  for (int step = 1; step <= 5; ++step)
+    lines += "{\"step\":" + std::to_string(step) + ",\"loss\":" + std::to_string(step) +
+             ",\"comm_bytes\":1048576}\n";
+  lines += "{\"summary\":true,\"step\":5,\"loss\":99}\n";
+  write_file_atomic(metrics, lines);
+  auto count = [](const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+    return n;
+  };
+  auto r = run(bin() + " plot --y loss --out " + svg + " " + metrics + ":run");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::string out = read_file(svg, "test");
+  EXPECT_EQ(count(out, "<circle"), 5u);
+  EXPECT_NE(out.find("run (5 at 5)"), std::string::npos) << out;
+  r = run(bin() + " plot --x bytes --y loss --mean-of 2 --out " + svg + " " + metrics + ":run");
+  ASSERT_EQ(r.code, 0) << r.output;
+  out = read_file(svg, "test");
+  EXPECT_EQ(count(out, "<circle"), 2u);  // (1+2)/2 at 2 MiB, (3+4)/2 at 4 MiB; the lone 5th dropped
+  EXPECT_NE(out.find("run (3.5 at 4)"), std::string::npos) << out;
+  EXPECT_NE(out.find("loss (mean of 2)"), std::string::npos) << out;
+  expect_usage_error("plot --y loss --mean-of 0 " + metrics, "--mean-of");
+  expect_usage_error("plot --y loss " + dir + "/absent.jsonl", "absent.jsonl");
+  expect_usage_error("plot --y val_acc " + metrics, "no step records");
+  write_file_atomic(dir + "/bad.jsonl", "{\"step\":1,\"loss\":2}\n{\"step\":2,\"lo");
+  expect_usage_error("plot --y loss " + dir + "/bad.jsonl", "bad.jsonl:2");
+}

@@ -18,8 +18,10 @@ struct Curve {
 };
 
 // The points (x, y) of one metrics file: every step record holding `y`; x is the step or the bytes sent so
-// far (the running sum of each step's comm_bytes).
-Curve read_curve(const std::string& spec, const std::string& x, const std::string& y) {
+// far (the running sum of each step's comm_bytes). With mean_of = k > 1, each point is the mean y of k
+// consecutive records at the last one's x (a per-step training loss is too noisy to compare runs by); a
+// shorter tail is dropped unless it is all there is.
+Curve read_curve(const std::string& spec, const std::string& x, const std::string& y, int mean_of) {
   Curve c;
   const size_t colon = spec.rfind(':');
   const std::string path = colon == std::string::npos ? spec : spec.substr(0, colon);
@@ -44,6 +46,16 @@ Curve read_curve(const std::string& spec, const std::string& x, const std::strin
     c.points.emplace_back(x == "step" ? j["step"].get<double>() : bytes / (1 << 20), j[y].get<double>());
   }
   if (c.points.empty()) throw UsageError("plot: " + path + ": no step records with \"" + y + "\"");
+  if (mean_of <= 1) return c;
+  std::vector<std::pair<double, double>> means;
+  for (size_t i = 0; i < c.points.size(); i += static_cast<size_t>(mean_of)) {
+    const size_t end = std::min(c.points.size(), i + static_cast<size_t>(mean_of));
+    if (end - i < static_cast<size_t>(mean_of) && !means.empty()) break;
+    double sum = 0;
+    for (size_t j = i; j < end; ++j) sum += c.points[j].second;
+    means.emplace_back(c.points[end - 1].first, sum / static_cast<double>(end - i));
+  }
+  c.points = std::move(means);
   return c;
 }
 
@@ -116,6 +128,7 @@ Runner add_plot(CLI::App& app) {
   struct Flags {
     std::vector<std::string> files;
     std::string x = "step", y = "val_loss", title, out = "plot.svg";
+    int mean_of = 1;
   };
   auto f = std::make_shared<Flags>();
   CLI::App* sub = app.add_subcommand("plot", "Draw curves from train --metrics files as one SVG chart");
@@ -128,14 +141,19 @@ Runner add_plot(CLI::App& app) {
       ->check(CLI::IsMember({"step", "bytes"}));
   sub->add_option("--y", f->y, "a per-step metric: loss, val_loss, val_acc, step_ms, ...")
       ->capture_default_str();
+  sub->add_option("--mean-of", f->mean_of,
+                  "plot the mean of every K consecutive points (e.g. the training loss)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   sub->add_option("--title", f->title, "chart title (default: y by x)");
   sub->add_option("--out", f->out, "SVG file to write")->capture_default_str();
   return [f]() {
     std::vector<Curve> curves;
-    for (const std::string& spec : f->files) curves.push_back(read_curve(spec, f->x, f->y));
+    for (const std::string& spec : f->files) curves.push_back(read_curve(spec, f->x, f->y, f->mean_of));
     const std::string xlabel = f->x == "step" ? "step" : "MiB sent per rank";
-    const std::string title = f->title.empty() ? f->y + " by " + xlabel : f->title;
-    write_file_atomic(f->out, chart(curves, title, xlabel, f->y));
+    const std::string ylabel = f->mean_of > 1 ? f->y + " (mean of " + std::to_string(f->mean_of) + ")" : f->y;
+    const std::string title = f->title.empty() ? ylabel + " by " + xlabel : f->title;
+    write_file_atomic(f->out, chart(curves, title, xlabel, ylabel));
     std::printf("wrote %s (%zu curves)\n", f->out.c_str(), curves.size());
     return 0;
   };
