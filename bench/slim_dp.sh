@@ -11,7 +11,7 @@
 # every 50 steps. About 1 h 45 min on 2 cores (a gpt-small run: ~7 min at 2 ranks, ~9 at 4).
 #   bench/slim_dp.sh
 #   STEPS=100 EXPERIMENTS="gpt-small-2" bench/slim_dp.sh
-# Runs whose metrics in OUT are complete are not run again (FRESH=1 reruns everything).
+# A run whose metrics in OUT are complete and came from the same command is not run again (FRESH=1 reruns all).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${BIN:-$here/build/slimshard}
@@ -45,15 +45,17 @@ for exp in $experiments; do
       tag="slim-a$a-b$b${adam:+-$adam}${fs:+-fs$fs}"
     fi
     m="$out/$exp-$tag.jsonl"
+    cmd="mpirun --oversubscribe -n $n $bin train $args $flags --metrics $m"
     curves+=("$m:$tag")
-    # A finished run (its metrics end with the summary line) is kept: an interrupted bench continues.
-    if [ -z "${FRESH:-}" ] && tail -n 1 "$m" 2>/dev/null | grep -q '"summary":true'; then
+    # A finished run of the same command (its metrics end with the summary line) is kept: an interrupted
+    # bench continues; a run left from other settings (STEPS, say) is run again.
+    if [ -z "${FRESH:-}" ] && [ "$(cat "$m.cmd" 2>/dev/null)" = "$cmd" ] &&
+      tail -n 1 "$m" 2>/dev/null | grep -q '"summary":true'; then
       echo "  $exp $tag: kept from $m (FRESH=1 reruns)" >&2; continue
     fi
     echo "  $exp $tag ..." >&2
-    # shellcheck disable=SC2086
-    mpirun --oversubscribe -n "$n" "$bin" train $args $flags --metrics "$m" >"$out/$exp-$tag.log" 2>&1 ||
-      { tail -n 5 "$out/$exp-$tag.log" >&2; exit 1; }
+    $cmd >"$out/$exp-$tag.log" 2>&1 || { tail -n 5 "$out/$exp-$tag.log" >&2; exit 1; }
+    echo "$cmd" >"$m.cmd"
   done
   "$bin" plot --x step "${y[@]}" --title "$exp: ${y[1]} by step" --out "$out/$exp-loss-vs-step.svg" "${curves[@]}"
   "$bin" plot --x bytes "${y[@]}" --title "$exp: ${y[1]} by MiB sent per rank" \

@@ -162,7 +162,8 @@ StepSizes step_sizes(double mu, double sigma, int ranks) {
       out.ddp += (ddp->master() - before).pow(2).mean().item<double>();
     }
   }
-  return {std::sqrt(out.local), std::sqrt(out.corrected), std::sqrt(out.ddp)};
+  const double counted = static_cast<double>(steps - steps / 2);
+  return {std::sqrt(out.local / counted), std::sqrt(out.corrected / counted), std::sqrt(out.ddp / counted)};
 }
 
 }  // namespace
