@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Slim-DP against DDP, back to back in one invocation, equal steps and seeds: KJV gpt-small at 2 and 4 ranks and the
 # Fashion-MNIST CNN at 4 ranks; DDP, then Slim-DP at its defaults (α 0.25, β 0.1), two other α/β settings, and
-# the defaults with --slim-adam corrected, and the defaults with a full synchronisation every 10 rounds.
+# the defaults with --slim-adam corrected, the defaults with a full synchronisation every 10 rounds, and α 0.5,
+# β 0.2 on the bf16 wire (--slim-wire bf16: half the bytes per element).
 # Prints, per run: bytes communicated per rank (and the fraction of DDP's), final validation loss (CNN: test
 # accuracy) and its gap to DDP, tokens/s (CNN: images/s); writes every run's metrics and the plots (loss vs step,
 # loss vs bytes; one SVG per experiment) to OUT (default bench-out/slim-dp).
 # gpt-small runs 1000 steps and validates only at the end: 300 steps end in the middle of the fast descent of the
 # loss, where a delay of a few dozen steps reads as a large gap, and every evaluation is also a full Slim-DP
 # synchronisation that would help it. Its plots show the training loss (mean of 50 steps). The CNN validates
-# every 50 steps. About 1 h 45 min on 2 cores (a gpt-small run: ~7 min at 2 ranks, ~9 at 4).
+# every 50 steps. About 2 h on 2 cores (a gpt-small run: ~7 min at 2 ranks, ~9 at 4).
 #   bench/slim_dp.sh
 #   STEPS=100 EXPERIMENTS="gpt-small-2" bench/slim_dp.sh
 # A run whose metrics in OUT are complete and came from the same command is not run again (FRESH=1 reruns all).
@@ -19,7 +20,8 @@ out=${OUT:-$here/bench-out/slim-dp}
 steps=${STEPS:-1000}
 cnn_steps=${CNN_STEPS:-400}
 experiments=${EXPERIMENTS:-"gpt-small-2 gpt-small-4 cnn-4"}
-settings=${SETTINGS:-"ddp slim:0.25:0.1 slim:0.1:0.05 slim:0.5:0.2 slim:0.25:0.1:corrected slim:0.25:0.1:local:10"}
+settings=${SETTINGS:-"ddp slim:0.25:0.1 slim:0.1:0.05 slim:0.5:0.2 slim:0.25:0.1:corrected slim:0.25:0.1:local:10
+  slim:0.5:0.2:local:0:bf16"}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -x "$bin" ] || { echo "build first: make build" >&2; exit 2; }
 mkdir -p "$out"
@@ -40,9 +42,11 @@ for exp in $experiments; do
     if [ "$s" = ddp ]; then
       flags="--strategy ddp"; tag=ddp
     else
-      IFS=: read -r _ a b adam fs <<<"$s"  # slim:α:β[:adam[:full-sync rounds]]
+      IFS=: read -r _ a b adam fs wire <<<"$s"  # slim:α:β[:adam[:full-sync rounds[:wire]]]
       flags="--strategy slim --slim-core $a --slim-explore $b --slim-adam ${adam:-local} --slim-full-sync ${fs:-0}"
-      tag="slim-a$a-b$b${adam:+-$adam}${fs:+-fs$fs}"
+      flags+="${wire:+ --slim-wire $wire}"
+      [ "${fs:-0}" = 0 ] && fs=
+      tag="slim-a$a-b$b${adam:+-$adam}${fs:+-fs$fs}${wire:+-$wire}"
     fi
     m="$out/$exp-$tag.jsonl"
     cmd="mpirun --oversubscribe -n $n $bin train $args $flags --metrics $m"

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "helpers.h"
 #include "slimshard/common.h"
@@ -109,6 +110,65 @@ TEST(Planner, SearchEqualsBruteForce) {
   EXPECT_EQ(checked, 42);
   EXPECT_GT(fitted, 20);  // most budgets admit a plan; some do not
   EXPECT_LT(fitted, 42);
+}
+
+// Slim-DP as a plan choice (plan --allow-slim): offered only when allowed, never split; its cost is one
+// all-reduce of the selected fraction of the op's elements in the wire's bytes per τ steps, its optimizer the
+// whole op's as DDP's; the search stays exact with it; and where all-reduces are dear, it is chosen.
+TEST(Planner, SlimIsAChoiceOnlyWhenAllowedAndCostsItsWireBytes) {
+  const ModelConfig mlp = ModelConfig::preset_config("mlp");
+  Profile prof = synthetic_profile(mlp, 2, 4);
+  CostOptions co;
+  co.world = 2;
+  co.global_batch = 8;
+  auto strategies_offered = [&](const CostModel& m) {
+    std::set<Strategy> out;
+    for (size_t op = 0; op < m.ops().size(); ++op)
+      for (const OpChoice& c : m.candidates(op)) {
+        out.insert(c.strategy);
+        EXPECT_FALSE(c.strategy == Strategy::slim && c.splits > 1) << "a split slim op";
+      }
+    return out;
+  };
+  EXPECT_EQ(strategies_offered(CostModel::from_profile(prof, co)).count(Strategy::slim), 0u);
+  co.allow_slim = true;
+  co.slim_fraction = 0.4;
+  co.slim_period = 2;
+  const CostModel fp32 = CostModel::from_profile(prof, co);
+  EXPECT_EQ(strategies_offered(fp32).count(Strategy::slim), 1u);
+  co.slim_wire_bytes = 2;
+  const CostModel bf16 = CostModel::from_profile(prof, co);
+  const CollectiveFit& ar = prof.collectives.at("all_reduce");
+  for (size_t op = 0; op < fp32.ops().size(); ++op) {
+    double n = 0;
+    for (int64_t k : fp32.ops()[op].param_numels) n += static_cast<double>(k);
+    const double full = fp32.cost(op, {Strategy::slim, 1}, 2).time_ms,
+                 half = bf16.cost(op, {Strategy::slim, 1}, 2).time_ms;
+    EXPECT_NEAR(full - half, ar.beta_ms_per_byte * 2 * n * 0.4 / 2, 1e-9 * full) << fp32.ops()[op].name;
+    // With free collectives slim and ddp are the same work: the forward, the backward and the optimizer over
+    // every element of the op on every rank.
+    Profile free = prof;
+    for (auto& [name, fit] : free.collectives) fit = CollectiveFit{};
+    free.collective_overhead_ms = 0;
+    const CostModel no_comm = CostModel::from_profile(free, co);
+    EXPECT_NEAR(no_comm.cost(op, {Strategy::slim, 1}, 2).time_ms,
+                no_comm.cost(op, {Strategy::ddp, 1}, 2).time_ms, 1e-12);
+  }
+  // Exact with slim among the choices (17 per op: 4 strategies × 4 splits, and slim).
+  for (double f : {0.0, 0.6, 1.0}) {
+    SearchOptions so;
+    so.memory_buckets = 64;
+    so.mem_limit =
+        f == 0 ? 0 : static_cast<int64_t>(uniform_baseline(bf16, Strategy::ddp, {}).cost.peak_bytes * f);
+    expect_same(search_plan(bf16, so), brute_force_plan(bf16, so),
+                "slim allowed, limit x" + std::to_string(f));
+  }
+  // All-reduce 100× dearer and no memory limit: the bytes slim saves decide, and every op with weights is
+  // slim.
+  for (auto& [name, fit] : prof.collectives) fit.beta_ms_per_byte *= 100;
+  const SearchResult r = search_plan(CostModel::from_profile(prof, co), SearchOptions{});
+  ASSERT_TRUE(r.fits);
+  for (const auto& [op, choice] : r.choices) EXPECT_EQ(choice.strategy, Strategy::slim) << op;
 }
 
 TEST(Planner, ClusterSpecPlansFitAndBeatUniformZero3) {

@@ -1,7 +1,8 @@
 // test_slim.cpp — Slim-DP end to end under mpirun: with α = 1, τ = 1 and plain SGD it is DDP (alone and
 // inside a plan mixing slim with zero3); with the defaults it converges near DDP on gpt-tiny while sending
-// far fewer bytes, every rank selecting the same elements and ending with the same weights; bad Slim-DP flags
-// exit 2; `--slim-adam corrected` against DDP's AdamW on synthetic gradients.
+// far fewer bytes (about half again on the bf16 wire), every rank selecting the same elements and ending with
+// the same weights; bad Slim-DP flags exit 2; `--slim-adam corrected` against DDP's AdamW on synthetic
+// gradients.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -91,13 +92,22 @@ TEST(Slim, DefaultsConvergeNearDdpWithFarFewerBytes) {
   ASSERT_TRUE(at_eval.contains("divergence_max"));
   EXPECT_GT(at_eval["divergence_max"].get<double>(), 0.0);
   EXPECT_GE(at_eval["divergence_max"].get<double>(), at_eval["divergence_mean"].get<double>());
+  // The bf16 wire: about half of the fp32 wire's bytes (the full synchronisations before evaluations stay
+  // fp32), converging as near, and one model at the end.
+  SlimRun half = train(2, args + " --strategy slim --slim-wire bf16", dir, "bf16");
+  ASSERT_FALSE(half.steps.empty());
+  const double ratio = half.summary["comm_bytes"].get<double>() / slim.summary["comm_bytes"].get<double>();
+  EXPECT_GT(ratio, 0.45);
+  EXPECT_LT(ratio, 0.56);
+  EXPECT_LT(half.summary["val_loss"].get<double>(), 1.05 * vd);
+  EXPECT_TRUE(half.summary.value("weights_identical", false));
 }
 
 TEST(Slim, BadFlagsExit2) {
   const std::string base = test::bin() + " train --model gpt-tiny --data kjv --steps 1 --strategy slim ";
-  for (const std::string bad :
-       {"--slim-core 0", "--slim-core 1.5", "--slim-explore -0.1", "--slim-period 0", "--slim-refresh 0",
-        "--slim-full-sync -1", "--slim-adam global", "--slim-adam corrected --optimizer sgd"}) {
+  for (const std::string bad : {"--slim-core 0", "--slim-core 1.5", "--slim-explore -0.1", "--slim-period 0",
+                                "--slim-refresh 0", "--slim-full-sync -1", "--slim-adam global",
+                                "--slim-adam corrected --optimizer sgd", "--slim-wire fp16"}) {
     auto r = test::run(base + bad);
     EXPECT_EQ(r.code, 2) << bad << "\n" << r.output;
     EXPECT_NE(r.output.find("--slim-"), std::string::npos) << bad << "\n" << r.output;

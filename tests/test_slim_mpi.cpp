@@ -231,3 +231,45 @@ TEST(Slim, FullSyncLeavesOneModel) {
   EXPECT_EQ(d.max, 0.0);
   EXPECT_EQ(d.mean, 0.0);
 }
+
+// The bf16 wire: the packed deltas travel rounded to bf16 and each rank keeps its rounding remainder in its
+// weights. Oracle: every rank's own rounded deltas, gathered and averaged in fp32. The agreed part (anchor +
+// average) is the same on every rank up to the rounding of the average itself, the remainder is exactly the
+// rank's own, and so the ranks' mean weight is what the fp32 wire would give: nothing is lost, only delayed.
+TEST(Slim, Bf16WireKeepsEachRanksRemainder) {
+  Model m = make_model();
+  SlimOptions o = options(0.25, 0.1);
+  o.wire = "bf16";
+  SlimSync sync(*g_comm, m.params, o);
+  const int64_t n = m.init.numel();
+  at::Tensor anchor = m.init.clone();
+  for (int round = 0; round < 3; ++round) {
+    perturb(m, round);
+    const at::Tensor local = weights(m), d = local - anchor;
+    const at::Tensor rounded = d.to(at::kBFloat16).to(at::kFloat), remainder = d - rounded;
+    at::Tensor avg = at::zeros({n}), sum_abs = at::zeros({n});
+    for (const at::Tensor& other : gather(rounded)) avg += other / g_comm->world(), sum_abs += other.abs();
+    at::Tensor mean_local = local.clone();
+    g_comm->all_reduce(mean_local, ReduceOp::avg)->wait();
+    sync.after_step(round);
+    const at::Tensor mask = mask_of(last_selection(sync), n), w = weights(m);
+    // The average arrives as bf16, rounded once (shared memory) or at each partial sum (MPI's reduction
+    // tree): within 2^-9 of Σ|deltas| per rounding, at most N − 1 of them before the division by N, plus
+    // float slack.
+    const at::Tensor tol = sum_abs * std::ldexp(1.0, -8) + 1e-6;
+    const at::Tensor agreed = w - remainder;
+    EXPECT_TRUE(((agreed - (anchor + avg)).abs() <= tol).logical_or(mask.logical_not()).all().item<bool>())
+        << "round " << round;
+    EXPECT_TRUE(w.masked_select(mask.logical_not()).equal(local.masked_select(mask.logical_not())));
+    EXPECT_GT(remainder.masked_select(mask).abs().max().item<double>(), 0.0) << "bf16 rounds something";
+    at::Tensor mean_w = w.clone();
+    g_comm->all_reduce(mean_w, ReduceOp::avg)->wait();
+    EXPECT_TRUE(((mean_w - mean_local).abs() <= tol).all().item<bool>()) << "round " << round;
+    // The anchor is identical everywhere: what every rank holds minus its own remainder, to float slack.
+    for (const at::Tensor& other : gather(agreed.masked_select(mask)))
+      EXPECT_LE((other - agreed.masked_select(mask)).abs().max().item<double>(), 1e-6);
+    anchor = at::where(mask, agreed, anchor);
+  }
+  sync.full_sync();  // fp32: one model, the remainders included
+  for (const at::Tensor& other : gather(weights(m))) EXPECT_TRUE(other.equal(weights(m)));
+}

@@ -196,9 +196,11 @@ struct CostOptions {
   int optim_states = 2;
   int64_t bucket_bytes = 25 << 20;
   bool allow_splits = true;
-  // Slim-DP as a choice (plan --allow-slim): the fraction of elements a round exchanges, α + β(1 − α), and τ.
+  // Slim-DP as a choice (plan --allow-slim): the fraction of elements a round exchanges, α + β(1 − α), the
+  // bytes each travels in (4 fp32, 2 bf16), and τ.
   bool allow_slim = false;
   double slim_fraction = 0.325;
+  double slim_wire_bytes = 4;
   int slim_period = 1;
 };
 

@@ -5,6 +5,7 @@
 // docs/slim-dp.md.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
 
 #include <cstdint>
 #include <string>
@@ -25,6 +26,9 @@ struct SlimOptions {
   uint64_t seed = 1337;     // shared by every rank: the explorer draw is the same everywhere
   // local: each rank's AdamW as is; corrected: its second moment for the N-rank batch (AdamW only)
   std::string adam = "local";
+  // fp32: deltas travel as they are; bf16: rounded to bf16 (half the bytes), each rank keeping its own
+  // rounding remainder in its weights so that it travels in a later round (error feedback)
+  std::string wire = "fp32";
 };
 
 class SlimSync {
@@ -66,6 +70,9 @@ class SlimSync {
   void refresh_core();
   std::vector<int64_t> explorer(int64_t round) const;
   int64_t mark_selection(const std::vector<int64_t>& explorer, std::vector<uint8_t>& selected) const;
+  // Packs the selected deltas as Wire, averages them across ranks and applies the average.
+  template <class Wire>
+  void exchange(std::vector<Wire>& packed, int64_t count);
 
   Communicator& comm_;
   SlimOptions o_;
@@ -77,7 +84,8 @@ class SlimSync {
   at::Tensor signal_;   // Σ |averaged delta| per element since the last core refresh, identical everywhere
   std::vector<uint8_t> in_core_;   // 1 where the element is in the core (the explorer is drawn each round)
   std::vector<uint8_t> selected_;  // this round's core ∪ explorer
-  std::vector<float> packed_;      // this round's selected deltas, then their average
+  std::vector<float> packed_;      // this round's selected deltas, then their average (fp32 wire)
+  std::vector<c10::BFloat16> packed16_;  // the same, bf16 wire
   double last_fraction_ = 0;
   uint64_t digest_ = 1469598103934665603ull;
 };

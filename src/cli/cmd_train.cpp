@@ -57,6 +57,12 @@ void add_slim_flags(CLI::App* sub, SlimOptions& s) {
                   "average of N ranks' gradients")
       ->capture_default_str()
       ->check(CLI::IsMember({"local", "corrected"}));
+  sub->add_option(
+         "--slim-wire", s.wire,
+         "Slim-DP: dtype the deltas travel in; bf16 = half the bytes, each rank keeping its rounding "
+         "remainder for a later round (full synchronisations stay fp32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
 }
 
 void add_train_flags(CLI::App* sub, TrainFlags& f) {

@@ -207,7 +207,9 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
           (ar.beta_ms_per_byte * 4.0 * static_cast<double>(n) +
            ar.alpha_ms * std::min(1.0, 4.0 * static_cast<double>(n) / static_cast<double>(o_.bucket_bytes)));
     }
-    owned += c.splits * (c.strategy == Strategy::ddp ? static_cast<double>(n) : padded / 4.0 / o_.world);
+    // Replicated ops (ddp, slim) step every element on every rank; sharded ones their shard.
+    const bool replicated = c.strategy == Strategy::ddp || c.strategy == Strategy::slim;
+    owned += c.splits * (replicated ? static_cast<double>(n) : padded / 4.0 / o_.world);
   }
   const double f = overlap_;
   double forward = fwd, backward_mid = bwd, backward_last = bwd, after = 0;
@@ -236,7 +238,7 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
       // Every `period` steps, an all-reduce of the selected fraction of the op's elements, after the step.
       double n = 0;
       for (int64_t numel : p.param_numels) n += static_cast<double>(numel);
-      if (multi) after = ar.ms(4.0 * n * o_.slim_fraction) / std::max(1, o_.slim_period);
+      if (multi) after = ar.ms(o_.slim_wire_bytes * n * o_.slim_fraction) / std::max(1, o_.slim_period);
       break;
     }
   }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 #include "slimshard/comm.h"
 #include "slimshard/data.h"
@@ -103,6 +104,49 @@ int64_t SlimSync::mark_selection(const std::vector<int64_t>& explorer, std::vect
   return count;
 }
 
+// One round's exchange over the selection. Pack the selected deltas d = w − a in index order, the same on
+// every rank, rounded to Wire. Branch-free: every element is written at the cursor, which advances only past
+// selected ones (the selection is random, so a branch would mispredict often); `packed` keeps its capacity
+// between rounds. Then apply the average: a[S] += mean delta, identical everywhere; w[S] = a[S] + this rank's
+// rounding remainder d − Wire(d) (zero on the fp32 wire), which stays in w − a and so travels in a later
+// round (error feedback) rather than being lost. The signal accumulates |mean delta|.
+template <class Wire>
+void SlimSync::exchange(std::vector<Wire>& packed, int64_t count) {
+  float* w = weights_.data_ptr<float>();
+  float* a = anchor_.data_ptr<float>();
+  float* s = signal_.data_ptr<float>();
+  const uint8_t* sel = selected_.data();
+  packed.resize(static_cast<size_t>(count + 1));
+  Wire* p = packed.data();
+  int64_t m = 0;
+  for (int64_t i = 0; i < total_; ++i) {
+    p[m] = static_cast<Wire>(w[i] - a[i]);
+    m += sel[i];
+  }
+  p[count] = Wire(0);  // read (times zero) by the last unselected elements below
+  at::Tensor t = at::from_blob(p, {count}, c10::CppTypeToScalarType<Wire>::value);
+  comm_.all_reduce(t, ReduceOp::avg)->wait();
+  // Branch-free too: the delta is zeroed and w keeps its bits where not selected.
+  m = 0;
+  auto* wb = reinterpret_cast<uint32_t*>(w);
+  for (int64_t i = 0; i < total_; ++i) {
+    const uint32_t keep = sel[i] - 1u;  // all ones where not selected
+    float remainder = 0;
+    if constexpr (!std::is_same_v<Wire, float>) {
+      const float d = w[i] - a[i];
+      remainder = d - static_cast<float>(static_cast<Wire>(d));
+    }
+    const float delta = static_cast<float>(p[m]) * static_cast<float>(sel[i]);
+    a[i] += delta;
+    const float v = a[i] + remainder;
+    uint32_t vb;
+    std::memcpy(&vb, &v, 4);
+    wb[i] = (wb[i] & keep) | (vb & ~keep);
+    s[i] += std::fabs(delta);
+    m += sel[i];
+  }
+}
+
 void SlimSync::after_step(int64_t step) {
   if ((step + 1) % o_.period != 0) return;
   if (o_.full_sync_every > 0 && (rounds_ + 1) % o_.full_sync_every == 0) {
@@ -115,38 +159,10 @@ void SlimSync::after_step(int64_t step) {
   const int64_t count = mark_selection(drawn, selected_);
   for (int64_t i : drawn) digest_ = (digest_ ^ static_cast<uint64_t>(i)) * 1099511628211ull;
   digest_ = (digest_ ^ static_cast<uint64_t>(count)) * 1099511628211ull;
-  float* w = weights_.data_ptr<float>();
-  float* a = anchor_.data_ptr<float>();
-  float* s = signal_.data_ptr<float>();
-  const uint8_t* sel = selected_.data();
-  // Pack the selected deltas w − a in index order, the same on every rank. Branch-free: every element is
-  // written at the cursor, which advances only past selected ones (the selection is random, so a branch would
-  // mispredict often); packed_ keeps its capacity between rounds.
-  packed_.resize(static_cast<size_t>(count + 1));
-  float* p = packed_.data();
-  int64_t m = 0;
-  for (int64_t i = 0; i < total_; ++i) {
-    p[m] = w[i] - a[i];
-    m += sel[i];
-  }
-  p[count] = 0;  // read (times zero) by the last unselected elements below
-  at::Tensor packed = at::from_blob(p, {count}, at::kFloat);
-  comm_.all_reduce(packed, ReduceOp::avg)->wait();
-  // Apply the average: w[S] = a[S] + mean delta, a[S] = w[S]; the signal accumulates |mean delta|.
-  // Branch-free too: the delta is zeroed and w keeps its bits where not selected.
-  m = 0;
-  auto* wb = reinterpret_cast<uint32_t*>(w);
-  for (int64_t i = 0; i < total_; ++i) {
-    const uint32_t keep = sel[i] - 1u;  // all ones where not selected
-    const float delta = p[m] * static_cast<float>(sel[i]);
-    const float v = a[i] + delta;
-    uint32_t vb;
-    std::memcpy(&vb, &v, 4);
-    wb[i] = (wb[i] & keep) | (vb & ~keep);
-    a[i] = v;
-    s[i] += std::fabs(delta);
-    m += sel[i];
-  }
+  if (o_.wire == "bf16")
+    exchange(packed16_, count);
+  else
+    exchange(packed_, count);
   last_fraction_ = static_cast<double>(count) / static_cast<double>(total_);
   ++rounds_;
 }
@@ -218,7 +234,8 @@ SlimSync::Divergence SlimSync::divergence() {
 
 int64_t SlimSync::anchor_bytes() const {
   return static_cast<int64_t>(anchor_.nbytes() + signal_.nbytes() + in_core_.size() + selected_.size() +
-                              packed_.capacity() * sizeof(float));
+                              packed_.capacity() * sizeof(float) +
+                              packed16_.capacity() * sizeof(c10::BFloat16));
 }
 
 }  // namespace slimshard

@@ -241,6 +241,7 @@ nlohmann::json Trainer::slim_state_json() const {
           {"explore", o.explore},
           {"refresh", o.refresh},
           {"full_sync_every", o.full_sync_every},
+          {"wire", o.wire},
           {"seed", o.seed},
           {"rounds", slim_->rounds()},
           {"digest", slim_->selection_digest()}};
