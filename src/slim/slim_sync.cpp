@@ -41,6 +41,7 @@ SlimSync::SlimSync(Communicator& comm, std::vector<ShardedParam*> params, const 
   signal_ = at::zeros_like(weights_);
   in_core_.assign(static_cast<size_t>(total_), 0);
   if (weights_.scalar_type() != at::kFloat) throw std::logic_error("SlimSync: fp32 params only");
+  if (o_.wire != "fp32" && o_.wire != "bf16") throw std::logic_error("SlimSync: wire must be fp32 or bf16");
   refresh_core();
 }
 
