@@ -2,14 +2,14 @@
 # Slim-DP against DDP, back to back in one invocation, equal steps and seeds: KJV gpt-small at 2 and 4 ranks and the
 # Fashion-MNIST CNN at 4 ranks; DDP, then Slim-DP at its defaults (α 0.25, β 0.1), two other α/β settings, and
 # the defaults with --slim-adam corrected, the defaults with a full synchronisation every 10 rounds, and α 0.5,
-# β 0.2 on the bf16 wire (--slim-wire bf16: half the bytes per element).
+# β 0.2 on the bf16 wire (--slim-wire bf16: half the bytes per element) with local and with corrected AdamW.
 # Prints, per run: bytes communicated per rank (and the fraction of DDP's), final validation loss (CNN: test
 # accuracy) and its gap to DDP, tokens/s (CNN: images/s); writes every run's metrics and the plots (loss vs step,
 # loss vs bytes; one SVG per experiment) to OUT (default bench-out/slim-dp).
 # gpt-small runs 1000 steps and validates only at the end: 300 steps end in the middle of the fast descent of the
 # loss, where a delay of a few dozen steps reads as a large gap, and every evaluation is also a full Slim-DP
 # synchronisation that would help it. Its plots show the training loss (mean of 50 steps). The CNN validates
-# every 50 steps. About 2 h on 2 cores (a gpt-small run: ~7 min at 2 ranks, ~9 at 4).
+# every 50 steps. About 2 h 20 min on 2 cores (a gpt-small run: ~7 min at 2 ranks, ~9 at 4).
 #   bench/slim_dp.sh
 #   STEPS=100 EXPERIMENTS="gpt-small-2" bench/slim_dp.sh
 # A run whose metrics in OUT are complete and came from the same command is not run again (FRESH=1 reruns all).
@@ -21,7 +21,7 @@ steps=${STEPS:-1000}
 cnn_steps=${CNN_STEPS:-400}
 experiments=${EXPERIMENTS:-"gpt-small-2 gpt-small-4 cnn-4"}
 settings=${SETTINGS:-"ddp slim:0.25:0.1 slim:0.1:0.05 slim:0.5:0.2 slim:0.25:0.1:corrected slim:0.25:0.1:local:10
-  slim:0.5:0.2:local:0:bf16"}
+  slim:0.5:0.2:local:0:bf16 slim:0.5:0.2:corrected:0:bf16"}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -x "$bin" ] || { echo "build first: make build" >&2; exit 2; }
 mkdir -p "$out"
@@ -69,7 +69,7 @@ done
 python3 - "$out" $experiments <<'EOF'
 import json, os, sys
 out, exps = sys.argv[1], sys.argv[2:]
-print(f"\n{'experiment':<12} {'run':<26} {'MiB sent/rank':>13} {'vs ddp':>7} {'val loss':>9} {'gap':>7} {'acc %':>6} {'units/s':>9}")
+print(f"\n{'experiment':<12} {'run':<32} {'MiB sent/rank':>13} {'vs ddp':>7} {'val loss':>9} {'gap':>7} {'acc %':>6} {'units/s':>9}")
 for exp in exps:
     runs = sorted(f for f in os.listdir(out) if f.startswith(exp + "-") and f.endswith(".jsonl"))
     runs.sort(key=lambda f: (not f.endswith("-ddp.jsonl"), f))
@@ -80,7 +80,7 @@ for exp in exps:
         rate = s.get("tokens_per_s") or s.get("samples_per_s") or 0
         if base is None: base = s
         acc = s.get("val_acc")
-        print(f"{exp:<12} {tag:<26} {s['comm_bytes'] / 2**20:13.1f} {s['comm_bytes'] / base['comm_bytes']:7.2f} "
+        print(f"{exp:<12} {tag:<32} {s['comm_bytes'] / 2**20:13.1f} {s['comm_bytes'] / base['comm_bytes']:7.2f} "
               f"{s['val_loss']:9.4f} {100 * (s['val_loss'] / base['val_loss'] - 1):+6.1f}% "
               f"{(100 * acc if acc is not None else float('nan')):6.2f} {rate:9.0f}")
 EOF
