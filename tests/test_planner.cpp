@@ -139,18 +139,18 @@ TEST(Planner, SlimIsAChoiceOnlyWhenAllowedAndCostsItsWireBytes) {
   co.slim_wire_bytes = 2;
   const CostModel bf16 = CostModel::from_profile(prof, co);
   const CollectiveFit& ar = prof.collectives.at("all_reduce");
+  // With free collectives slim and ddp are the same work: the forward, the backward and the optimizer over
+  // every element of the op on every rank.
+  Profile free = prof;
+  for (auto& [name, fit] : free.collectives) fit = CollectiveFit{};
+  free.collective_overhead_ms = 0;
+  const CostModel no_comm = CostModel::from_profile(free, co);
   for (size_t op = 0; op < fp32.ops().size(); ++op) {
     double n = 0;
     for (int64_t k : fp32.ops()[op].param_numels) n += static_cast<double>(k);
     const double full = fp32.cost(op, {Strategy::slim, 1}, 2).time_ms,
                  half = bf16.cost(op, {Strategy::slim, 1}, 2).time_ms;
     EXPECT_NEAR(full - half, ar.beta_ms_per_byte * 2 * n * 0.4 / 2, 1e-9 * full) << fp32.ops()[op].name;
-    // With free collectives slim and ddp are the same work: the forward, the backward and the optimizer over
-    // every element of the op on every rank.
-    Profile free = prof;
-    for (auto& [name, fit] : free.collectives) fit = CollectiveFit{};
-    free.collective_overhead_ms = 0;
-    const CostModel no_comm = CostModel::from_profile(free, co);
     EXPECT_NEAR(no_comm.cost(op, {Strategy::slim, 1}, 2).time_ms,
                 no_comm.cost(op, {Strategy::ddp, 1}, 2).time_ms, 1e-12);
   }

@@ -29,6 +29,7 @@ struct SlimOptions {
   // fp32: deltas travel as they are; bf16: rounded to bf16 (half the bytes), each rank keeping its own
   // rounding remainder in its weights so that it travels in a later round (error feedback)
   std::string wire = "fp32";
+  int wire_bytes() const { return wire == "bf16" ? 2 : 4; }  // per exchanged element
 };
 
 class SlimSync {

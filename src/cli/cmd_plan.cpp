@@ -143,7 +143,7 @@ CostOptions cost_options(const TrainOptions& o, int world) {
   co.bucket_bytes = o.bucket_bytes;
   co.allow_slim = o.allow_slim;
   co.slim_fraction = o.slim.core + o.slim.explore * (1 - o.slim.core);
-  co.slim_wire_bytes = o.slim.wire == "bf16" ? 2 : 4;
+  co.slim_wire_bytes = o.slim.wire_bytes();
   co.slim_period = o.slim.period;
   return co;
 }

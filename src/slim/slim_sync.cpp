@@ -160,7 +160,7 @@ void SlimSync::after_step(int64_t step) {
   const int64_t count = mark_selection(drawn, selected_);
   for (int64_t i : drawn) digest_ = (digest_ ^ static_cast<uint64_t>(i)) * 1099511628211ull;
   digest_ = (digest_ ^ static_cast<uint64_t>(count)) * 1099511628211ull;
-  if (o_.wire == "bf16")
+  if (o_.wire_bytes() == 2)
     exchange(packed16_, count);
   else
     exchange(packed_, count);
