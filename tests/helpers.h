@@ -1,4 +1,6 @@
-// helpers.h — shared by the tests: running the slimshard binary, scratch directories, reading metrics.
+// helpers.h — shared by the tests: running the slimshard binary (alone or under mpirun), scratch directories,
+// reading metrics, and the oracle comparisons most multi-rank tests make (losses step by step, final
+// weights).
 #pragma once
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -9,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "slimshard/ckpt.h"
 
 namespace slimshard::test {
 
@@ -31,6 +35,12 @@ inline CmdResult run(const std::string& cmd) {
 }
 
 inline std::string bin() { return SLIMSHARD_BIN; }
+
+// The binary under `mpirun -n n` (as root, oversubscribed: more ranks than cores).
+inline std::string mpirun(int n) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -n " +
+         std::to_string(n) + " " + bin();
+}
 
 // A fresh directory per test under the build tree.
 inline std::string scratch_dir() {
@@ -61,6 +71,59 @@ inline int count_lines(const std::string& text) {
       any = true;
   }
   return n + any;
+}
+
+// One `slimshard train` run and what it left: its exit code and output, the per-step records of its metrics
+// file (losses extracted), the summary line and, when saved, the final weights.
+struct TrainRun {
+  int code = -1;
+  std::string output;
+  std::vector<nlohmann::json> steps;
+  std::vector<double> losses;
+  nlohmann::json summary;
+  SafeTensorsFile weights;
+};
+
+// `mpirun -n RANKS slimshard train ARGS --metrics DIR/TAG.jsonl`, with
+// `--save-model DIR/TAG.safetensors` when `save_weights`.
+inline TrainRun train(int ranks, const std::string& args, const std::string& dir, const std::string& tag,
+                      bool save_weights = false) {
+  const std::string m = dir + "/" + tag + ".jsonl", w = dir + "/" + tag + ".safetensors";
+  const auto r =
+      run(mpirun(ranks) + " train " + args + " --metrics " + m + (save_weights ? " --save-model " + w : ""));
+  TrainRun out;
+  out.code = r.code, out.output = r.output;
+  if (r.code != 0) return out;
+  out.steps = read_jsonl(m);
+  if (!out.steps.empty() && out.steps.back().value("summary", false)) {
+    out.summary = out.steps.back();
+    out.steps.pop_back();
+  }
+  for (const auto& s : out.steps) out.losses.push_back(s["loss"].get<double>());
+  if (save_weights && std::filesystem::exists(w)) out.weights = load_safetensors(w);
+  return out;
+}
+
+// Both runs succeeded and their losses agree step by step within `rel` (relative).
+inline void expect_same_losses(const TrainRun& want, const TrainRun& got, const std::string& what,
+                               double rel = 1e-5) {
+  ASSERT_EQ(want.code, 0) << what << " (reference)\n" << want.output;
+  ASSERT_EQ(got.code, 0) << what << "\n" << got.output;
+  ASSERT_EQ(want.losses.size(), got.losses.size()) << what;
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], want.losses[i], rel * std::abs(want.losses[i])) << what << ", step " << i + 1;
+}
+
+// The final weights (saved with save_weights) agree to `tol` (absolute, per element).
+inline void expect_same_weights(const TrainRun& want, const TrainRun& got, const std::string& what,
+                                double tol = 1e-5) {
+  ASSERT_EQ(want.weights.tensors.size(), got.weights.tensors.size()) << what;
+  ASSERT_FALSE(want.weights.tensors.empty()) << what << ": no weights saved";
+  for (size_t i = 0; i < want.weights.tensors.size(); ++i) {
+    const double d =
+        (want.weights.tensors[i].second - got.weights.tensors[i].second).abs().max().item<double>();
+    EXPECT_LE(d, tol) << what << ": " << want.weights.tensors[i].first;
+  }
 }
 
 }  // namespace slimshard::test

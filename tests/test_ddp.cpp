@@ -12,49 +12,21 @@ using namespace slimshard;
 
 namespace {
 
-std::string mpirun(int n) {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -n " +
-         std::to_string(n) + " " + test::bin();
-}
-
-struct TrainRun {
-  std::vector<double> losses;
-  nlohmann::json summary;
-  SafeTensorsFile weights;
-};
-
-TrainRun train(int ranks, const std::string& args, const std::string& dir, const std::string& tag) {
-  const std::string m = dir + "/" + tag + ".jsonl", w = dir + "/" + tag + ".safetensors";
-  auto r = test::run(mpirun(ranks) + " train " + args + " --metrics " + m + " --save-model " + w);
-  EXPECT_EQ(r.code, 0) << tag << "\n" << r.output;
-  TrainRun out;
-  if (r.code != 0) return out;
-  auto lines = test::read_jsonl(m);
-  out.summary = lines.back();
-  lines.pop_back();
-  for (auto& l : lines) out.losses.push_back(l["loss"].get<double>());
-  out.weights = load_safetensors(w);
-  return out;
-}
+using test::mpirun;
+using test::train;
+using test::TrainRun;
 
 void expect_same_training(const TrainRun& a, const TrainRun& b, const std::string& what) {
-  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
-  for (size_t i = 0; i < a.losses.size(); ++i)
-    EXPECT_NEAR(b.losses[i], a.losses[i], 1e-5 * std::abs(a.losses[i])) << what << " step " << i + 1;
-  ASSERT_EQ(a.weights.tensors.size(), b.weights.tensors.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.weights.tensors.size(); ++i)
-    worst = std::max(worst,
-                     (a.weights.tensors[i].second - b.weights.tensors[i].second).abs().max().item<double>());
-  EXPECT_LT(worst, 1e-5) << what << ": max weight difference";
+  test::expect_same_losses(a, b, what);
+  test::expect_same_weights(a, b, what);
 }
 
 void check_equivalence(const std::string& args) {
   const std::string dir = test::scratch_dir();
-  TrainRun one = train(1, args, dir, "n1");
-  TrainRun two = train(2, args, dir, "n2");
-  TrainRun four = train(4, args, dir, "n4");
-  TrainRun accum = train(2, args + " --micro-batch 2", dir, "n2_accum");
+  TrainRun one = train(1, args, dir, "n1", true);
+  TrainRun two = train(2, args, dir, "n2", true);
+  TrainRun four = train(4, args, dir, "n4", true);
+  TrainRun accum = train(2, args + " --micro-batch 2", dir, "n2_accum", true);
   expect_same_training(one, two, "2 ranks vs 1");
   expect_same_training(one, four, "4 ranks vs 1");
   expect_same_training(one, accum, "2 ranks x 4 micro-batches vs 1 rank x 1");
@@ -78,8 +50,8 @@ TEST(Ddp, MlpSameAt1And2And4Ranks) {
 TEST(Ddp, MpiBackendMatchesSharedMemory) {
   const std::string dir = test::scratch_dir();
   const std::string args = "--model gpt-tiny --data kjv --steps 10 --batch-size 8 --eval-rows 8";
-  TrainRun shm = train(2, args + " --comm-backend shm", dir, "shm");
-  TrainRun mpi = train(2, args + " --comm-backend mpi", dir, "mpi");
+  TrainRun shm = train(2, args + " --comm-backend shm", dir, "shm", true);
+  TrainRun mpi = train(2, args + " --comm-backend mpi", dir, "mpi", true);
   expect_same_training(shm, mpi, "mpi vs shm");
 }
 

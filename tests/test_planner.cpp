@@ -9,18 +9,16 @@
 
 #include "helpers.h"
 #include "slimshard/common.h"
-#include "slimshard/plan.h"
+#include "slimshard/planner.h"
 
 using namespace slimshard;
 
 namespace {
 
-std::string mpirun(int n) {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -n " +
-         std::to_string(n) + " " + test::bin();
-}
+using test::mpirun;
 
-// A profile with made-up but plausible figures for `cfg`, so the search is tested on many cost landscapes.
+// A profile with made-up but plausible figures for `cfg`, search the search is tested on many cost
+// landscapes.
 Profile synthetic_profile(const ModelConfig& cfg, int world, unsigned seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> u(0.5, 2.0);
@@ -29,7 +27,7 @@ Profile synthetic_profile(const ModelConfig& cfg, int world, unsigned seed) {
   p.world = world;
   p.model = cfg;
   p.micro_batches = {1, 2, 4};
-  p.ops = op_shapes(cfg);
+  p.ops = unmeasured(op_shapes(cfg));
   for (OpProfile& op : p.ops)
     for (int64_t b : p.micro_batches) {
       int64_t n = 0;
@@ -66,11 +64,19 @@ TEST(Planner, OpShapesMatchTheBuiltModels) {
     const ModelConfig cfg = ModelConfig::preset_config(name);
     const auto shapes = op_shapes(cfg);
     auto model = build_model(cfg, 1);
-    ASSERT_EQ(shapes.size(), model->ops().size()) << name;
+    const auto built = op_shapes(*model);
+    ASSERT_EQ(shapes.size(), built.size()) << name;
     for (size_t i = 0; i < shapes.size(); ++i) {
-      EXPECT_EQ(shapes[i].name, model->ops()[i]->name());
-      EXPECT_EQ(shapes[i].param_numels, op_param_numels(*model->ops()[i])) << shapes[i].name;
+      EXPECT_EQ(shapes[i].name, built[i].name);
+      EXPECT_EQ(shapes[i].kind, built[i].kind) << shapes[i].name;
+      EXPECT_EQ(shapes[i].param_numels, built[i].param_numels) << shapes[i].name;
+      EXPECT_EQ(shapes[i].out_features, built[i].out_features) << shapes[i].name;
     }
+    // Splitting the built model's linear ops into row blocks does not change what it reports.
+    std::map<std::string, OpChoice> split;
+    for (const OpShape& s : shapes) split[s.name] = OpChoice{Strategy::ddp, s.kind == "linear" ? 2 : 1};
+    apply_plan(split, *model);
+    EXPECT_TRUE(op_shapes(*model) == built) << name << " with splits 2";
   }
 }
 
@@ -81,25 +87,25 @@ TEST(Planner, SearchEqualsBruteForce) {
   int checked = 0, fitted = 0;
   for (unsigned seed = 1; seed <= 3; ++seed)
     for (const ModelConfig* cfg : std::vector<const ModelConfig*>{&gpt, &mlp}) {
-      CostOptions co;
-      co.world = 2;
-      co.global_batch = 8;
-      co.allow_splits = cfg == &mlp;  // 16 choices for 3 ops; 4 for the GPT's 10
-      const CostModel m = CostModel::from_profile(synthetic_profile(*cfg, 2, seed), co);
+      CostOptions cost_opts;
+      cost_opts.world = 2;
+      cost_opts.global_batch = 8;
+      cost_opts.allow_splits = cfg == &mlp;  // 16 choices for 3 ops; 4 for the GPT's 10
+      const CostModel m = CostModel::from_profile(synthetic_profile(*cfg, 2, seed), cost_opts);
       // Budgets from the smallest to the largest plan, and none.
       SearchOptions tiny;
       tiny.mem_limit = 1;  // nothing fits: the baseline reports its smallest peak over micro-batches
       const SearchResult frugal = uniform_baseline(m, Strategy::zero3, tiny);
       const SearchResult roomy = uniform_baseline(m, Strategy::ddp, SearchOptions{});
       for (double f : {0.0, 0.5, 0.98, 1.0, 1.05, 1.5, 2.0}) {
-        SearchOptions so;
-        so.memory_buckets = 64;  // coarse: the rounding itself is part of what must agree
-        so.mem_limit = f == 0 ? 0 : static_cast<int64_t>(frugal.cost.peak_bytes * f);
-        if (f == 2.0) so.mem_limit = roomy.cost.peak_bytes;
-        const SearchResult dp = search_plan(m, so), brute = brute_force_plan(m, so);
+        SearchOptions search;
+        search.memory_buckets = 64;  // coarse: the rounding itself is part of what must agree
+        search.mem_limit = f == 0 ? 0 : static_cast<int64_t>(frugal.cost.peak_bytes * f);
+        if (f == 2.0) search.mem_limit = roomy.cost.peak_bytes;
+        const SearchResult dp = search_plan(m, search), brute = brute_force_plan(m, search);
         expect_same(dp, brute, cfg->arch + " seed " + std::to_string(seed) + " limit x" + std::to_string(f));
-        if (dp.fits && so.mem_limit > 0) {
-          EXPECT_LE(dp.cost.peak_bytes, so.mem_limit);
+        if (dp.fits && search.mem_limit > 0) {
+          EXPECT_LE(dp.cost.peak_bytes, search.mem_limit);
         }
         if (!dp.fits) {
           EXPECT_NE(dp.explanation.find("nothing fits"), std::string::npos);
@@ -118,9 +124,9 @@ TEST(Planner, SearchEqualsBruteForce) {
 TEST(Planner, SlimIsAChoiceOnlyWhenAllowedAndCostsItsWireBytes) {
   const ModelConfig mlp = ModelConfig::preset_config("mlp");
   Profile prof = synthetic_profile(mlp, 2, 4);
-  CostOptions co;
-  co.world = 2;
-  co.global_batch = 8;
+  CostOptions cost_opts;
+  cost_opts.world = 2;
+  cost_opts.global_batch = 8;
   auto strategies_offered = [&](const CostModel& m) {
     std::set<Strategy> out;
     for (size_t op = 0; op < m.ops().size(); ++op)
@@ -130,21 +136,21 @@ TEST(Planner, SlimIsAChoiceOnlyWhenAllowedAndCostsItsWireBytes) {
       }
     return out;
   };
-  EXPECT_EQ(strategies_offered(CostModel::from_profile(prof, co)).count(Strategy::slim), 0u);
-  co.allow_slim = true;
-  co.slim_fraction = 0.4;
-  co.slim_period = 2;
-  const CostModel fp32 = CostModel::from_profile(prof, co);
+  EXPECT_EQ(strategies_offered(CostModel::from_profile(prof, cost_opts)).count(Strategy::slim), 0u);
+  cost_opts.allow_slim = true;
+  cost_opts.slim_fraction = 0.4;
+  cost_opts.slim_period = 2;
+  const CostModel fp32 = CostModel::from_profile(prof, cost_opts);
   EXPECT_EQ(strategies_offered(fp32).count(Strategy::slim), 1u);
-  co.slim_wire_bytes = 2;
-  const CostModel bf16 = CostModel::from_profile(prof, co);
+  cost_opts.slim_wire_bytes = 2;
+  const CostModel bf16 = CostModel::from_profile(prof, cost_opts);
   const CollectiveFit& ar = prof.collectives.at("all_reduce");
   // With free collectives slim and ddp are the same work: the forward, the backward and the optimizer over
   // every element of the op on every rank.
   Profile free = prof;
   for (auto& [name, fit] : free.collectives) fit = CollectiveFit{};
   free.collective_overhead_ms = 0;
-  const CostModel no_comm = CostModel::from_profile(free, co);
+  const CostModel no_comm = CostModel::from_profile(free, cost_opts);
   for (size_t op = 0; op < fp32.ops().size(); ++op) {
     double n = 0;
     for (int64_t k : fp32.ops()[op].param_numels) n += static_cast<double>(k);
@@ -156,17 +162,17 @@ TEST(Planner, SlimIsAChoiceOnlyWhenAllowedAndCostsItsWireBytes) {
   }
   // Exact with slim among the choices (17 per op: 4 strategies × 4 splits, and slim).
   for (double f : {0.0, 0.6, 1.0}) {
-    SearchOptions so;
-    so.memory_buckets = 64;
-    so.mem_limit =
+    SearchOptions search;
+    search.memory_buckets = 64;
+    search.mem_limit =
         f == 0 ? 0 : static_cast<int64_t>(uniform_baseline(bf16, Strategy::ddp, {}).cost.peak_bytes * f);
-    expect_same(search_plan(bf16, so), brute_force_plan(bf16, so),
+    expect_same(search_plan(bf16, search), brute_force_plan(bf16, search),
                 "slim allowed, limit x" + std::to_string(f));
   }
   // All-reduce 100× dearer and no memory limit: the bytes slim saves decide, and every op with weights is
   // slim.
   for (auto& [name, fit] : prof.collectives) fit.beta_ms_per_byte *= 100;
-  const SearchResult r = search_plan(CostModel::from_profile(prof, co), SearchOptions{});
+  const SearchResult r = search_plan(CostModel::from_profile(prof, cost_opts), SearchOptions{});
   ASSERT_TRUE(r.fits);
   for (const auto& [op, choice] : r.choices) EXPECT_EQ(choice.strategy, Strategy::slim) << op;
 }
@@ -175,16 +181,21 @@ TEST(Planner, ClusterSpecPlansFitAndBeatUniformZero3) {
   const std::string spec = std::string(SLIMSHARD_SOURCE_DIR) + "/examples/clusters/8xgpu-24gb-pcie3.json";
   ModelConfig cfg = ModelConfig::preset_config("gpt");
   cfg.n_layer = 12, cfg.n_embd = 1536, cfg.n_head = 16, cfg.seq_len = 1024, cfg.vocab = 50257;
-  CostOptions co;
-  co.world = 8;
-  co.global_batch = 32;
+  CostOptions cost_opts;
+  cost_opts.world = 8;
+  cost_opts.global_batch = 32;
   const ClusterSpec c = load_cluster(spec);
-  const CostModel m = CostModel::from_cluster(c, cfg, co, {1, 2, 4});
+  const CostModel m = CostModel::from_cluster(c, cfg, cost_opts, {1, 2, 4});
   for (int64_t limit : {c.memory_bytes, c.memory_bytes / 2, c.memory_bytes / 4}) {
-    SearchOptions so;
-    so.mem_limit = limit;
-    const SearchResult r = search_plan(m, so);
-    const SearchResult z3 = uniform_baseline(m, Strategy::zero3, so);
+    SearchOptions search;
+    search.mem_limit = limit;
+    const SearchResult r = search_plan(m, search);
+    const SearchResult z3 = uniform_baseline(m, Strategy::zero3, search);
+    // The whole device's memory holds this GPT under zero3 (and search under some plan): a budget that fits.
+    if (limit == c.memory_bytes) {
+      ASSERT_TRUE(r.fits) << r.explanation;
+      ASSERT_TRUE(z3.fits);
+    }
     if (!r.fits) {
       EXPECT_FALSE(z3.fits);
       continue;
@@ -256,17 +267,24 @@ TEST(Planner, PlanCommandBadProfilesAndBudgets) {
   expect_bad("overlap.json", k.dump(), "overlap_slowdown");
 }
 
-TEST(Planner, TrainOsdpStaysWithinItsBudget) {
+// `train --strategy osdp` under a budget that stops DDP: the plan trains, and its measured peak is the one
+// the plan predicted (the allocator enforcing the budget alone would let any plan that happens to fit pass).
+TEST(Planner, TrainOsdpFitsABudgetThatStopsDdp) {
   const std::string dir = test::scratch_dir();
-  const int64_t limit = 72 << 20;
-  auto r = test::run(mpirun(2) +
-                     " train --model gpt-small --data kjv --batch-size 8 --steps 3 --eval-rows 4 "
-                     "--strategy osdp --mem-limit " +
-                     std::to_string(limit) + " --metrics " + dir + "/m.jsonl");
+  const std::string args =
+      " train --model gpt-small --data kjv --batch-size 8 --steps 3 --eval-rows 4 --mem-limit " +
+      std::to_string(72 << 20);
+  auto ddp = test::run(mpirun(2) + args + " --strategy ddp");
+  EXPECT_EQ(ddp.code, 1) << ddp.output;
+  EXPECT_NE(ddp.output.find("memory limit exceeded"), std::string::npos) << ddp.output;
+  auto r = test::run(mpirun(2) + args + " --strategy osdp --metrics " + dir + "/m.jsonl");
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("osdp plan"), std::string::npos) << r.output;
-  const auto summary = test::read_jsonl(dir + "/m.jsonl").back();
-  EXPECT_LE(summary["peak_bytes"].get<int64_t>(), limit);
+  const size_t at = r.output.find("predicted peak ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const double predicted_mib = std::stod(r.output.substr(at + 15));
+  const double measured_mib =
+      test::read_jsonl(dir + "/m.jsonl").back()["peak_bytes"].get<double>() / (1 << 20);
+  EXPECT_NEAR(measured_mib, predicted_mib, 0.10 * measured_mib) << r.output;
   // With a budget nothing fits: exit 2 and the explanation, on every rank's behalf.
   auto none = test::run(mpirun(2) +
                         " train --model gpt-small --data kjv --batch-size 8 --steps 3 --strategy osdp "

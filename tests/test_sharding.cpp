@@ -13,38 +13,9 @@ using namespace slimshard;
 
 namespace {
 
-std::string mpirun(int n) {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -n " +
-         std::to_string(n) + " " + test::bin();
-}
-
-struct Result {
-  std::vector<double> losses;
-  nlohmann::json summary;
-  std::string output;
-  int code = -1;
-};
-
-Result train(int ranks, const std::string& args, const std::string& dir, const std::string& tag) {
-  Result r;
-  const std::string m = dir + "/" + tag + ".jsonl";
-  auto out = test::run(mpirun(ranks) + " train " + args + " --metrics " + m);
-  r.code = out.code;
-  r.output = out.output;
-  if (r.code != 0) return r;
-  auto lines = test::read_jsonl(m);
-  r.summary = lines.back();
-  lines.pop_back();
-  for (auto& l : lines) r.losses.push_back(l["loss"].get<double>());
-  return r;
-}
-
-void expect_same_losses(const Result& want, const Result& got, const std::string& what) {
-  ASSERT_EQ(got.code, 0) << what << "\n" << got.output;
-  ASSERT_EQ(want.losses.size(), got.losses.size()) << what;
-  for (size_t i = 0; i < want.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i])) << what << ", step " << i + 1;
-}
+using test::expect_same_losses;
+using test::train;
+using Result = test::TrainRun;
 
 std::string write_plan(const std::string& dir, const std::string& name, const std::string& json) {
   const std::string path = dir + "/" + name;

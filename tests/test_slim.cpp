@@ -11,40 +11,18 @@
 
 #include "helpers.h"
 #include "slimshard/optim.h"
-#include "slimshard/shard.h"
+#include "slimshard/sharded_param.h"
 
 using namespace slimshard;
 
 namespace {
 
-std::string mpirun(int n) {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -n " +
-         std::to_string(n) + " " + test::bin();
-}
+using test::train;
+using SlimRun = test::TrainRun;
 
-struct SlimRun {
-  std::vector<nlohmann::json> steps;
-  nlohmann::json summary;
-};
-
-SlimRun train(int ranks, const std::string& args, const std::string& dir, const std::string& tag) {
-  const std::string m = dir + "/" + tag + ".jsonl";
-  auto r = test::run(mpirun(ranks) + " train " + args + " --metrics " + m);
-  EXPECT_EQ(r.code, 0) << tag << "\n" << r.output;
-  SlimRun out;
-  if (r.code != 0) return out;
-  out.steps = test::read_jsonl(m);
-  out.summary = out.steps.back();
-  out.steps.pop_back();
-  return out;
-}
-
-void expect_same_losses(const SlimRun& a, const SlimRun& b, const std::string& what) {
-  ASSERT_EQ(a.steps.size(), b.steps.size()) << what;
-  for (size_t i = 0; i < a.steps.size(); ++i) {
-    const double x = a.steps[i]["loss"].get<double>(), y = b.steps[i]["loss"].get<double>();
-    EXPECT_NEAR(y, x, 1e-5 * std::abs(x)) << what << " step " << i + 1;
-  }
+// The losses step by step and the final validation loss.
+void expect_same_run(const SlimRun& a, const SlimRun& b, const std::string& what) {
+  test::expect_same_losses(a, b, what);
   EXPECT_NEAR(b.summary["val_loss"].get<double>(), a.summary["val_loss"].get<double>(),
               1e-5 * a.summary["val_loss"].get<double>())
       << what;
@@ -60,7 +38,7 @@ TEST(Slim, AlphaOneTauOneWithSgdIsDdp) {
   const std::string dir = test::scratch_dir();
   SlimRun ddp = train(2, kSgd + " --strategy ddp", dir, "ddp");
   SlimRun slim = train(2, kSgd + " --strategy slim --slim-core 1", dir, "slim");
-  expect_same_losses(ddp, slim, "slim alpha=1 vs ddp");
+  expect_same_run(ddp, slim, "slim alpha=1 vs ddp");
   EXPECT_TRUE(slim.summary.value("weights_identical", false));
   EXPECT_EQ(slim.summary.value("slim_rounds", 0), 20 + 1);  // one per step, and the final full sync
   // The same in a plan: slim blocks, zero3 embeddings and head, ddp elsewhere.
@@ -68,7 +46,7 @@ TEST(Slim, AlphaOneTauOneWithSgdIsDdp) {
   std::ofstream(plan) << R"({"ops": {"*": {"strategy": "ddp"}, "blocks.*": {"strategy": "slim"},
                                 "wte": {"strategy": "zero3"}, "lm_head": {"strategy": "zero3"}}})";
   SlimRun mixed = train(2, kSgd + " --plan " + plan + " --slim-core 1", dir, "mixed");
-  expect_same_losses(ddp, mixed, "plan with slim alpha=1 and zero3 vs ddp");
+  expect_same_run(ddp, mixed, "plan with slim alpha=1 and zero3 vs ddp");
 }
 
 TEST(Slim, DefaultsConvergeNearDdpWithFarFewerBytes) {

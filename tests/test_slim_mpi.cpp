@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "slimshard/comm.h"
-#include "slimshard/shard.h"
+#include "slimshard/sharded_param.h"
 #include "slimshard/slim.h"
 
 using namespace slimshard;

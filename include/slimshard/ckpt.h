@@ -73,6 +73,15 @@ struct CheckpointMeta {
   std::vector<std::string> tensors;  // the logical tensors the checkpoint holds
 };
 
+class ShardedParam;
+// This rank's pieces of every logical tensor of `params`: fp32 values and optimizer state, row blocks "w#j"
+// of split ops mapped back to ranges of their logical tensor "w". Replicated values (ddp, slim) are saved by
+// one rank, Slim-DP's optimizer state by every rank (each its own). `extra(p)` adds named state of p that is
+// the same on every rank (Slim-DP's signal and core).
+std::vector<TensorPiece> param_pieces(
+    const std::vector<ShardedParam*>& params,
+    const std::function<NamedTensors(const ShardedParam*)>& extra = nullptr);
+
 // A collective: every rank writes its pieces; rank 0 then writes the index and makes the checkpoint visible
 // (D/step-XXXXXXXX.partial renamed to D/step-XXXXXXXX), and removes all but the newest `keep_last` (0 = keep
 // all). `before_index` runs on every rank after its file is written (tests use it to kill a rank mid-save).

@@ -1,10 +1,11 @@
-// common.h — errors with exit codes, byte-size parsing and formatting, atomic file writes.
+// common.h — errors with exit codes, byte-size parsing and formatting, atomic file writes, the median.
 // Every other module reports bad input as UsageError (exit 2) and failures at run time as RuntimeError (exit
 // 1).
 #pragma once
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace slimshard {
 
@@ -32,5 +33,8 @@ std::string xml_escape(const std::string& s);
 void write_file_atomic(const std::string& path, const std::string& data);
 // Reads a whole file; throws UsageError naming the file if it cannot be read.
 std::string read_file(const std::string& path, const std::string& what);
+
+// The median of `v` (the upper one of an even count; 0 for none): how every timing here is summarised.
+double median(std::vector<double> v);
 
 }  // namespace slimshard

@@ -62,7 +62,4 @@ struct IdxImages {
 IdxImages read_idx_images(const std::string& gz_path);
 std::vector<uint8_t> read_idx_labels(const std::string& gz_path);
 
-// Deterministic 64-bit mixing (splitmix64), used to derive per-row randomness from (seed, step, row).
-uint64_t mix64(uint64_t x);
-
 }  // namespace slimshard

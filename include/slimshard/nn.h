@@ -9,9 +9,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "slimshard/shard.h"
+#include "slimshard/sharded_param.h"
 
 namespace torch::autograd {
 struct AutogradContext;
@@ -180,5 +181,10 @@ void set_op_observer(std::function<void(const Op&, bool backward)> observer);
 
 // Builds the model with weights drawn from `seed` (the same on every rank).
 std::unique_ptr<Model> build_model(const ModelConfig& config, uint64_t seed);
+
+// Random inputs and targets of `rows` rows for `config` (token ids and next tokens, or images and labels),
+// drawn from `seed`: what the activation probe and the profiler run the model on (their figures do not
+// depend on the values).
+std::pair<at::Tensor, at::Tensor> random_inputs(const ModelConfig& config, int64_t rows, uint64_t seed);
 
 }  // namespace slimshard

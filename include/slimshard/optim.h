@@ -30,7 +30,8 @@ class Optimizer {
   void set_steps_taken(int64_t t) { t_ = t; }
   const OptimConfig& config() const { return c_; }
   // Names of the state tensors kept per param (for memory estimates and checkpoints).
-  std::vector<std::string> state_names() const;
+  std::vector<std::string> state_names() const { return state_names(c_); }
+  static std::vector<std::string> state_names(const OptimConfig& c);
 
  private:
   OptimConfig c_;

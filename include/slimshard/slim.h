@@ -7,10 +7,14 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "slimshard/hash.h"
 
 namespace slimshard {
 
@@ -47,7 +51,14 @@ class SlimSync {
   // weights saved are one model (a save follows a full sync), so they are also the anchor. After loading,
   // resumed() recounts the core and restores the round count (which seeds the explorer) and the digest.
   std::vector<std::pair<std::string, at::Tensor>> state_of(const ShardedParam* p);
-  void resumed(int64_t rounds, int64_t digest);
+  // What a checkpoint records of Slim-DP: its settings, the round count and the selection digest.
+  nlohmann::json state_json() const;
+  // Whether a checkpoint's record lets this run continue bit for bit: the same settings, an integer round
+  // count and digest. (The caller checks that the checkpoint holds state_of() for every slim param.)
+  bool can_resume_from(const nlohmann::json& saved) const;
+  // After a checkpoint's weights are loaded: continue from its record when `exact` (state_of() loaded too),
+  // else restart() with the loaded weights as the anchor and the core chosen again.
+  void resume_from(const nlohmann::json& saved, bool exact);
   const SlimOptions& options() const { return o_; }
 
   int64_t rounds() const { return rounds_; }
@@ -64,10 +75,12 @@ class SlimSync {
     double max = 0, mean = 0;
   };
   Divergence divergence();
-  int64_t anchor_bytes() const;
+  // Bytes of Slim-DP's own buffers (anchor, signal, masks, packed round), sized at start.
+  int64_t state_bytes() const;
   int64_t elements() const { return total_; }
 
  private:
+  void resumed(int64_t rounds, int64_t digest);
   void refresh_core();
   std::vector<int64_t> explorer(int64_t round) const;
   int64_t mark_selection(const std::vector<int64_t>& explorer, std::vector<uint8_t>& selected) const;
@@ -88,7 +101,7 @@ class SlimSync {
   std::vector<float> packed_;      // this round's selected deltas, then their average (fp32 wire)
   std::vector<c10::BFloat16> packed16_;  // the same, bf16 wire
   double last_fraction_ = 0;
-  uint64_t digest_ = 1469598103934665603ull;
+  uint64_t digest_ = kFnvOffset;
 };
 
 }  // namespace slimshard

@@ -1,12 +1,17 @@
-// train.h — the training loop (Trainer), its options and summary, and text generation from a trained GPT.
+// train.h — training runs: the options and summary of a run and train() (the step loop, evaluation,
+// checkpoints, metrics and progress), the profile of a model taken with real training steps, the curves of a
+// metrics file, and text generation from a trained GPT.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "slimshard/charts.h"
 #include "slimshard/data.h"
 #include "slimshard/nn.h"
 #include "slimshard/optim.h"
+#include "slimshard/planner.h"
+#include "slimshard/profile.h"
 #include "slimshard/slim.h"
 
 namespace slimshard {
@@ -16,10 +21,11 @@ class Communicator;
 struct TrainOptions {
   ModelConfig model = ModelConfig::preset_config("gpt-small");
   DataOptions data;
-  std::string strategy = "ddp";  // the same strategy for every op, unless plan_file is set
+  // The same strategy for every op (osdp: profiled, searched under mem_limit), unless plan_file is set.
+  std::string strategy = "ddp";
   std::string plan_file;
-  std::string plan_text;  // a plan's JSON given inline (what --strategy osdp computes); wins over plan_file
-  int prefetch = 1;       // zero3: all-gathers issued ahead
+  std::string profile;  // osdp: plan from this profile instead of profiling first
+  int prefetch = 1;     // zero3: all-gathers issued ahead
   int64_t steps = 300;
   int64_t batch_size = 16;  // global, rows (sequences or images)
   int64_t micro_batch = 0;  // rows per forward/backward on one rank; 0 = the whole per-rank slice
@@ -55,24 +61,47 @@ struct TrainOptions {
 };
 
 struct TrainSummary {
-  int64_t steps = 0;        // the step training stopped at (o.steps unless stopped by exit-after)
-  int64_t first_step = 0;   // resumed from this step (0 = from scratch)
-  std::string checkpoint;   // the last checkpoint written, if any
+  int64_t steps = 0;       // the step training stopped at (o.steps unless stopped by exit-after)
+  int64_t first_step = 0;  // resumed from this step (0 = from scratch)
+  std::string checkpoint;  // the last checkpoint written, if any
+  int world = 1;
   int64_t params = 0;
+  bool classifier = false;
   double final_loss = 0;  // mean over the last 10 steps
   double val_loss = -1, val_acc = -1;
-  double tokens_per_s = 0;  // global tokens (samples for classifiers) / median step time
+  double samples_per_s = 0;  // global rows (sequences or images) / median step time
+  double tokens_per_s = 0;   // global tokens / median step time (GPT; 0 for classifiers)
   double step_ms_median = 0;
   int64_t peak_bytes = 0;
   double wall_s = 0;
-  int64_t comm_bytes = 0;         // sent by this rank over the run
-  bool weights_identical = true;  // checksum of the final weights equal on every rank
+  int64_t comm_bytes = 0;          // sent by this rank over the run
+  double comm_bytes_per_step = 0;  // median over training steps
+  bool weights_identical = true;   // checksum of the final weights equal on every rank
+  int64_t weights_checksum = 0;
+  int64_t slim_rounds = 0, slim_digest = 0;
+  bool slim_selection_identical = true;
   std::vector<double> losses;
   std::string sample;
 };
 
 // Runs on every rank of `comm` (a world of one without mpirun); rank 0 prints.
 TrainSummary train(const TrainOptions& opts, Communicator& comm);
+
+// What the planner knows of this run at `world` ranks.
+RunSpec run_spec(const TrainOptions& opts, int world);
+
+// measure_profile + calibrate_profile with real training steps (the same step train() takes): what
+// `slimshard profile` writes and `--strategy osdp` plans from. Every rank of `comm` calls it.
+Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& micro_batches,
+                         Communicator& comm, const ProfileOptions& o, uint64_t seed);
+
+// The curve of one metrics file (`train --metrics`): every step record holding `y`, by `x` = "step" or
+// "bytes" (MiB sent so far, the running sum of each step's comm_bytes). With mean_of = k > 1, each point is
+// the mean y of k consecutive records at the last one's x; a shorter tail is dropped unless it is all there
+// is. `spec` is FILE or FILE:LABEL.
+Curve metrics_curve(const std::string& spec, const std::string& x, const std::string& y, int mean_of);
+// The last line of a metrics file (its summary), or an empty object.
+nlohmann::json metrics_summary(const std::string& path);
 
 struct GenerateOptions {
   std::string prompt = "In the beginning";

@@ -15,7 +15,9 @@
 #include "slimshard/ckpt.h"
 #include "slimshard/comm.h"
 #include "slimshard/common.h"
+#include "slimshard/json.h"
 #include "slimshard/nn.h"
+#include "slimshard/sharded_param.h"
 
 namespace slimshard {
 namespace fs = std::filesystem;
@@ -64,14 +66,9 @@ std::vector<std::pair<int64_t, std::string>> checkpoints_in(const std::string& d
 
 nlohmann::json read_index(const std::string& path) {
   const std::string file = path + "/index.json";
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(file, "checkpoint index"));
-  } catch (const nlohmann::json::exception& e) {
-    throw UsageError(file + ": not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::json j = parse_json(read_file(file, "checkpoint index"), file);
   if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("tensors") || !j.contains("files") ||
-      !j["tensors"].is_object() || !j["files"].is_array())
+      !j.at("tensors").is_object() || !j.at("files").is_array())
     throw UsageError(file + ": not a slimshard checkpoint index");
   const nlohmann::json version = j.value("version", nlohmann::json());
   if (!version.is_number_integer() || version.get<int>() != kVersion)
@@ -145,28 +142,59 @@ class PieceReader {
 
 }  // namespace
 
-std::string save_checkpoint(Communicator& comm, const std::string& dir, const CheckpointMeta& meta,
-                            const std::vector<TensorPiece>& pieces, int keep_last,
-                            const std::function<void()>& before_index) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(meta.step));
-  const std::string final_dir = dir + "/" + name, partial = final_dir + ".partial";
-  const int rank = comm.rank(), world = comm.world();
-  std::string error;
-  if (rank == 0) {
-    std::error_code ec;
-    fs::remove_all(partial, ec);
-    fs::create_directories(partial, ec);
-    if (ec) error = "cannot create " + partial + ": " + ec.message();
+std::vector<TensorPiece> param_pieces(const std::vector<ShardedParam*>& params,
+                                      const std::function<NamedTensors(const ShardedParam*)>& extra) {
+  // Split ops keep row blocks "w#0", "w#1", ...: consecutive ranges of the flattened logical tensor "w".
+  std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> logical;  // name -> (numel so far, shape)
+  std::vector<std::pair<std::string, int64_t>> where;                       // per param: logical name, offset
+  for (const ShardedParam* p : params) {
+    const std::string base = p->name().substr(0, p->name().find('#'));
+    auto& [numel, shape] = logical[base];
+    if (shape.empty())
+      shape = p->shape();
+    else
+      shape[0] += p->shape()[0];
+    where.emplace_back(base, numel);
+    numel += p->numel();
   }
-  error = broadcast_string(comm, error, 0);
-  if (!error.empty()) throw RuntimeError(error);
+  std::vector<TensorPiece> out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ShardedParam* p = params[i];
+    const bool full = is_replicated(p->strategy());
+    const int64_t lo = full ? 0 : p->shard_offset();
+    const int64_t len = full ? p->numel() : std::min(p->numel(), lo + p->shard_numel()) - lo;
+    if (len <= 0) continue;  // this rank's shard is all padding
+    auto add = [&](const std::string& name, const at::Tensor& t, bool per_rank) {
+      TensorPiece piece;
+      piece.name = name;
+      piece.shape = logical[where[i].first].second;
+      piece.start = where[i].second + lo;
+      piece.data = t.reshape({-1}).slice(0, 0, len);
+      piece.replicated = full && !per_rank;
+      piece.per_rank = per_rank;
+      out.push_back(piece);
+    };
+    add(where[i].first, p->master(), false);
+    // Slim-DP's optimizer state is each rank's own; ddp's is identical everywhere; zero's is the owned slice.
+    for (auto& [key, t] : p->optim_state())
+      add(where[i].first + "." + key, t, p->strategy() == Strategy::slim);
+    if (extra)
+      for (auto& [key, t] : extra(p)) add(where[i].first + "." + key, t, false);
+  }
+  return out;
+}
 
-  // This rank's file: its sharded and per-rank pieces, and the replicated ones it is the owner of.
+namespace {
+
+// This rank's safetensors file in `partial`: its sharded and per-rank pieces, and the replicated ones it owns
+// (replicated pieces, the same list on every rank, go to the rank with the fewest such bytes so far, so the
+// files come out about the same size). Returns the file's index entry, with each piece's absolute byte
+// offset and CRC-32 from the bytes written (loaders read just the pieces they need) and the whole file's
+// CRC; or {"error": ...}.
+nlohmann::json write_rank_file(const std::string& partial, int rank, int world,
+                               const std::vector<TensorPiece>& pieces) {
   NamedTensors out;
   nlohmann::json listed = nlohmann::json::array();
-  // Replicated pieces (the same list on every rank) go to the rank with the fewest such bytes so far, so the
-  // files come out about the same size.
   std::vector<int64_t> assigned(static_cast<size_t>(world), 0);
   for (const TensorPiece& p : pieces) {
     if (p.replicated) {
@@ -182,13 +210,9 @@ std::string save_checkpoint(Communicator& comm, const std::string& dir, const Ch
                       {"end", p.start + p.data.numel()},
                       {"per_rank", p.per_rank}});
   }
-  const std::string file = partial + "/" + rank_file(rank);
-  nlohmann::json mine;
   try {
-    // Each piece's absolute byte offset and CRC-32, from the bytes written: loaders read just the pieces they
-    // need. The whole file's CRC is kept too, for checking a file on its own.
     const std::string raw = safetensors_bytes(out, {{"slimshard.rank", std::to_string(rank)}});
-    write_file_atomic(file, raw);
+    write_file_atomic(partial + "/" + rank_file(rank), raw);
     uint64_t header = 0;
     for (int i = 0; i < 8; ++i)
       header |= static_cast<uint64_t>(static_cast<unsigned char>(raw[i])) << (8 * i);
@@ -202,14 +226,79 @@ std::string save_checkpoint(Communicator& comm, const std::string& dir, const Ch
       q["offset"] = 8 + header + b;
       q["crc32"] = crc_of(raw.data() + 8 + header + b, e - b);
     }
-    mine = {{"rank", rank},
+    return {{"rank", rank},
             {"file", rank_file(rank)},
             {"bytes", raw.size()},
             {"crc32", crc_of(raw.data(), raw.size())},
             {"pieces", listed}};
   } catch (const std::exception& e) {
-    mine = {{"error", e.what()}};
+    return {{"error", e.what()}};
   }
+}
+
+// Rank 0: the index from every rank's entry, written last; then the directory renamed into place and all but
+// the newest `keep_last` checkpoints removed.
+void publish(const std::string& dir, const std::string& partial, const std::string& final_dir,
+             const CheckpointMeta& meta, int world, std::vector<nlohmann::json> all, int keep_last) {
+  nlohmann::json index = {{"format", kFormat},  {"version", kVersion}, {"step", meta.step},
+                          {"world", world},     {"model", meta.model}, {"plan", meta.plan},
+                          {"state", meta.state}};
+  nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::object();
+  for (auto& m : all) {
+    for (const auto& p : m["pieces"]) {
+      nlohmann::json& t = tensors[p["name"].get<std::string>()];
+      t["dtype"] = p["dtype"];
+      t["shape"] = p["shape"];
+      t["per_rank"] = p["per_rank"];
+      t["pieces"].push_back({{"rank", m["rank"]},
+                             {"key", p["key"]},
+                             {"start", p["start"]},
+                             {"end", p["end"]},
+                             {"offset", p["offset"]},
+                             {"crc32", p["crc32"]}});
+    }
+    m.erase("pieces");
+    files.push_back(m);
+  }
+  index["files"] = files;
+  index["tensors"] = tensors;
+  write_file_atomic(partial + "/index.json", index.dump(1));
+  fsync_dir(partial);
+  std::error_code ec;
+  fs::remove_all(final_dir, ec);
+  fs::rename(partial, final_dir, ec);
+  if (ec) throw RuntimeError("cannot rename " + partial + " to " + final_dir + ": " + ec.message());
+  fsync_dir(dir);
+  if (keep_last > 0) {
+    const auto done = checkpoints_in(dir);
+    for (size_t i = static_cast<size_t>(keep_last); i < done.size(); ++i) fs::remove_all(done[i].second, ec);
+  }
+}
+
+// Rank 0's error (or "") on every rank, thrown there as a RuntimeError.
+void agree_on(Communicator& comm, std::string error) {
+  error = broadcast_string(comm, error, 0);
+  if (!error.empty()) throw RuntimeError(error);
+}
+
+}  // namespace
+
+std::string save_checkpoint(Communicator& comm, const std::string& dir, const CheckpointMeta& meta,
+                            const std::vector<TensorPiece>& pieces, int keep_last,
+                            const std::function<void()>& before_index) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(meta.step));
+  const std::string final_dir = dir + "/" + name, partial = final_dir + ".partial";
+  const int rank = comm.rank(), world = comm.world();
+  std::string error;
+  if (rank == 0) {
+    std::error_code ec;
+    fs::remove_all(partial, ec);
+    fs::create_directories(partial, ec);
+    if (ec) error = "cannot create " + partial + ": " + ec.message();
+  }
+  agree_on(comm, error);
+  const nlohmann::json mine = write_rank_file(partial, rank, world, pieces);
   if (before_index) before_index();
   std::vector<nlohmann::json> all;
   for (int r = 0; r < world; ++r)
@@ -217,49 +306,14 @@ std::string save_checkpoint(Communicator& comm, const std::string& dir, const Ch
   for (const auto& m : all)
     if (m.contains("error"))
       throw RuntimeError("checkpoint " + final_dir + ": " + m["error"].get<std::string>());
-
   if (rank == 0) {
     try {
-      nlohmann::json index = {{"format", kFormat},  {"version", kVersion}, {"step", meta.step},
-                              {"world", world},     {"model", meta.model}, {"plan", meta.plan},
-                              {"state", meta.state}};
-      nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::object();
-      for (auto& m : all) {
-        for (const auto& p : m["pieces"]) {
-          nlohmann::json& t = tensors[p["name"].get<std::string>()];
-          t["dtype"] = p["dtype"];
-          t["shape"] = p["shape"];
-          t["per_rank"] = p["per_rank"];
-          t["pieces"].push_back({{"rank", m["rank"]},
-                                 {"key", p["key"]},
-                                 {"start", p["start"]},
-                                 {"end", p["end"]},
-                                 {"offset", p["offset"]},
-                                 {"crc32", p["crc32"]}});
-        }
-        m.erase("pieces");
-        files.push_back(m);
-      }
-      index["files"] = files;
-      index["tensors"] = tensors;
-      write_file_atomic(partial + "/index.json", index.dump(1));
-      fsync_dir(partial);
-      std::error_code ec;
-      fs::remove_all(final_dir, ec);
-      fs::rename(partial, final_dir, ec);
-      if (ec) throw RuntimeError("cannot rename " + partial + " to " + final_dir + ": " + ec.message());
-      fsync_dir(dir);
-      if (keep_last > 0) {
-        const auto done = checkpoints_in(dir);
-        for (size_t i = static_cast<size_t>(keep_last); i < done.size(); ++i)
-          fs::remove_all(done[i].second, ec);
-      }
+      publish(dir, partial, final_dir, meta, world, std::move(all), keep_last);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
-  error = broadcast_string(comm, error, 0);
-  if (!error.empty()) throw RuntimeError(error);
+  agree_on(comm, error);
   return final_dir;
 }
 

@@ -6,6 +6,7 @@
 
 #include "slimshard/ckpt.h"
 #include "slimshard/common.h"
+#include "slimshard/json.h"
 #include "slimshard/nn.h"
 
 namespace slimshard {
@@ -71,12 +72,7 @@ SafeTensorsFile load_safetensors(const std::string& path) {
   for (int i = 0; i < 8; ++i)
     n |= static_cast<uint64_t>(static_cast<unsigned char>(raw[static_cast<size_t>(i)])) << (8 * i);
   if (n > raw.size() - 8) throw UsageError(path + ": truncated (header of " + std::to_string(n) + " bytes)");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(raw.begin() + 8, raw.begin() + 8 + static_cast<std::ptrdiff_t>(n));
-  } catch (const nlohmann::json::exception& e) {
-    throw UsageError(path + ": corrupt safetensors header (" + e.what() + ")");
-  }
+  const nlohmann::json header = parse_json(raw.substr(8, n), path + ": corrupt safetensors header");
   if (!header.is_object()) throw UsageError(path + ": corrupt safetensors header (not an object)");
   const size_t data_start = 8 + n, data_size = raw.size() - data_start;
   SafeTensorsFile f;
@@ -189,12 +185,7 @@ std::unique_ptr<Model> load_model_file(const std::string& path) {
   auto it = f.metadata.find("slimshard.model");
   if (it == f.metadata.end())
     throw UsageError(path + ": not a slimshard model file (no slimshard.model metadata)");
-  nlohmann::json cj;
-  try {
-    cj = nlohmann::json::parse(it->second);
-  } catch (const nlohmann::json::exception& e) {
-    throw UsageError(path + ": corrupt model config (" + e.what() + ")");
-  }
+  const nlohmann::json cj = parse_json(it->second, path + ": corrupt model config");
   try {
     return model_from_values(ModelConfig::from_json(cj, path), f.tensors);
   } catch (const UsageError& e) {

@@ -9,20 +9,21 @@ Runner add_export(CLI::App& app) {
   struct Flags {
     std::string dir, out, loss_on;
   };
-  auto f = std::make_shared<Flags>();
+  auto flags = std::make_shared<Flags>();
   CLI::App* sub = app.add_subcommand(
       "export",
       "Write a checkpoint's full fp32 weights as one safetensors file (GPT-2/nanoGPT names) + config");
   sub->footer("Example:\n  slimshard export runs/ckpt model.safetensors   # also writes model.config.json");
-  sub->add_option("dir", f->dir, "checkpoint directory (its newest complete checkpoint is used)")->required();
-  sub->add_option("out", f->out, "safetensors file to write")->required();
-  sub->add_option("--loss-on", f->loss_on,
+  sub->add_option("dir", flags->dir, "checkpoint directory (its newest complete checkpoint is used)")
+      ->required();
+  sub->add_option("out", flags->out, "safetensors file to write")->required();
+  sub->add_option("--loss-on", flags->loss_on,
                   "GPT: also print the loss on the first 4 x (T+1) bytes of this file");
-  return [f]() {
+  return [flags]() {
     double loss = 0;
-    const std::string used = export_checkpoint(f->dir, f->out, f->loss_on, &loss);
-    std::printf("exported %s to %s\n", used.c_str(), f->out.c_str());
-    if (!f->loss_on.empty()) std::printf("loss on %s: %.6f\n", f->loss_on.c_str(), loss);
+    const std::string used = export_checkpoint(flags->dir, flags->out, flags->loss_on, &loss);
+    std::printf("exported %s to %s\n", used.c_str(), flags->out.c_str());
+    if (!flags->loss_on.empty()) std::printf("loss on %s: %.6f\n", flags->loss_on.c_str(), loss);
     return 0;
   };
 }

@@ -17,30 +17,30 @@ Runner add_generate(CLI::App& app) {
     GenerateOptions g;
     int threads = 1;
   };
-  auto f = std::make_shared<Flags>();
+  auto flags = std::make_shared<Flags>();
   CLI::App* sub = app.add_subcommand("generate", "Sample text from a trained GPT");
   sub->footer(
       "Example:\n  slimshard train --model gpt-small --data kjv --save-model kjv.safetensors\n"
       "  slimshard generate --model-file kjv.safetensors --prompt \"In the beginning\" --tokens 200");
-  sub->add_option("--model-file", f->model_file, "weights written by train --save-model")->required();
-  sub->add_option("--prompt", f->g.prompt, "text to continue")->capture_default_str();
-  sub->add_option("--tokens", f->g.tokens, "tokens to generate")
+  sub->add_option("--model-file", flags->model_file, "weights written by train --save-model")->required();
+  sub->add_option("--prompt", flags->g.prompt, "text to continue")->capture_default_str();
+  sub->add_option("--tokens", flags->g.tokens, "tokens to generate")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  sub->add_option("--temperature", f->g.temperature, "0 = greedy")
+  sub->add_option("--temperature", flags->g.temperature, "0 = greedy")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--top-k", f->g.top_k, "sample among the k likeliest (0 = all)")
+  sub->add_option("--top-k", flags->g.top_k, "sample among the k likeliest (0 = all)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--seed", f->g.seed, "sampling seed")->capture_default_str();
-  sub->add_option("--threads", f->threads, "LibTorch threads")
+  sub->add_option("--seed", flags->g.seed, "sampling seed")->capture_default_str();
+  sub->add_option("--threads", flags->threads, "LibTorch threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
-  return [f]() {
-    at::set_num_threads(f->threads);
-    auto model = load_model_file(f->model_file);
-    std::printf("%s\n", generate_text(*model, f->g).c_str());
+  return [flags]() {
+    at::set_num_threads(flags->threads);
+    auto model = load_model_file(flags->model_file);
+    std::printf("%s\n", generate_text(*model, flags->g).c_str());
     return 0;
   };
 }

@@ -77,11 +77,12 @@ int main(int argc, char** argv) {
   const std::map<std::string, cli::Runner> runners{
       {"train", cli::add_train(app)}, {"generate", cli::add_generate(app)}, {"memory", cli::add_memory(app)},
       {"bench", cli::add_bench(app)}, {"profile", cli::add_profile(app)},   {"plan", cli::add_plan(app)},
-      {"plot", cli::add_plot(app)}, {"export", cli::add_export(app)}};
+      {"plot", cli::add_plot(app)},   {"export", cli::add_export(app)}};
 
   if (argc > 1 && argv[1][0] != '-' && !runners.count(argv[1]))
-    return fail(2, std::string("unknown subcommand '") + argv[1] +
-                       "' (expected train, generate, memory, bench, profile or plan; see --help)");
+    return fail(2,
+                std::string("unknown subcommand '") + argv[1] +
+                    "' (expected train, generate, memory, bench, profile, plan, plot or export; see --help)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

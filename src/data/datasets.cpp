@@ -11,23 +11,17 @@
 
 #include "slimshard/common.h"
 #include "slimshard/data.h"
+#include "slimshard/hash.h"
 
 namespace fs = std::filesystem;
 
 namespace slimshard {
 
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 namespace {
 
 uint64_t row_key(uint64_t seed, int64_t a, int64_t b) {
   return mix64(mix64(seed ^ 0x5EEDull) ^
-               mix64(static_cast<uint64_t>(a) * 0x100000001B3ull + static_cast<uint64_t>(b)));
+               mix64(static_cast<uint64_t>(a) * kFnvPrime + static_cast<uint64_t>(b)));
 }
 
 // Evenly spread choice of `want` items out of `have` (all of them when want <= 0 or want >= have).

@@ -229,4 +229,12 @@ std::unique_ptr<Model> build_model(const ModelConfig& config, uint64_t seed) {
   return std::make_unique<CNN>(config, gen);
 }
 
+std::pair<at::Tensor, at::Tensor> random_inputs(const ModelConfig& c, int64_t rows, uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  if (c.is_classifier())
+    return {at::randn({rows, 1, c.image, c.image}, gen), at::randint(0, c.classes, {rows}, gen, at::kLong)};
+  return {at::randint(0, c.vocab, {rows, c.seq_len}, gen, at::kLong),
+          at::randint(0, c.vocab, {rows, c.seq_len}, gen, at::kLong)};
+}
+
 }  // namespace slimshard

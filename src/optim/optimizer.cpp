@@ -3,7 +3,7 @@
 
 #include "slimshard/common.h"
 #include "slimshard/optim.h"
-#include "slimshard/shard.h"
+#include "slimshard/sharded_param.h"
 
 namespace slimshard {
 
@@ -12,9 +12,9 @@ Optimizer::Optimizer(OptimConfig c) : c_(std::move(c)) {
     throw UsageError("--optimizer: unknown optimizer '" + c_.name + "' (expected adamw or sgd)");
 }
 
-std::vector<std::string> Optimizer::state_names() const {
-  if (c_.name == "adamw") return {"exp_avg", "exp_avg_sq"};
-  return c_.momentum != 0 ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
+std::vector<std::string> Optimizer::state_names(const OptimConfig& c) {
+  if (c.name == "adamw") return {"exp_avg", "exp_avg_sq"};
+  return c.momentum != 0 ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
 }
 
 void Optimizer::init_state(const std::vector<ShardedParam*>& params) {

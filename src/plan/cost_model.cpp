@@ -2,58 +2,19 @@
 // device spec; additive over ops so that the search is exact. Per op and micro-batch:
 //   forward   compute, overlapped with zero3's gather (prefetch ≥ 1) or followed by it (prefetch 0)
 //   backward  compute overlapped with the op's reductions: zero3 gather + reduce-scatter, zero2
-//   reduce-scatter,
-//             and on the last micro-batch only, zero1's reduce-scatter or DDP's share of its bucket's
-//             all-reduce
+//             reduce-scatter, and on the last micro-batch only zero1's reduce-scatter or DDP's share of its
+//             bucket's all-reduce
 //   overlap   max(C + (f-1)·min(C, M), M): compute slows by the measured factor f while communication runs
 //   after     zero1/zero2 all-gather the updated slices (exposed), the optimizer over the owned elements
+#include "slimshard/cost_model.h"
+
 #include <algorithm>
 #include <cmath>
 
 #include "slimshard/common.h"
-#include "slimshard/plan.h"
+#include "slimshard/json.h"
 
 namespace slimshard {
-
-std::vector<OpProfile> op_shapes(const ModelConfig& c) {
-  c.validate();
-  std::vector<OpProfile> ops;
-  auto add = [&](std::string name, std::string kind, std::vector<int64_t> numels, int64_t out) {
-    OpProfile o;
-    o.name = std::move(name), o.kind = std::move(kind), o.param_numels = std::move(numels),
-    o.out_features = out;
-    ops.push_back(o);
-  };
-  auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
-    add(name, "linear", bias ? std::vector<int64_t>{in * out, out} : std::vector<int64_t>{in * out}, out);
-  };
-  if (c.arch == "gpt") {
-    const int64_t C = c.n_embd;
-    add("wte", "embedding", {c.vocab * C}, 0);
-    add("wpe", "embedding", {c.seq_len * C}, 0);
-    for (int64_t i = 0; i < c.n_layer; ++i) {
-      const std::string p = "blocks." + std::to_string(i) + ".";
-      add(p + "ln1", "layernorm", {C, C}, 0);
-      linear(p + "attn.qkv", C, 3 * C, true);
-      linear(p + "attn.proj", C, C, true);
-      add(p + "ln2", "layernorm", {C, C}, 0);
-      linear(p + "mlp.fc", C, 4 * C, true);
-      linear(p + "mlp.proj", 4 * C, C, true);
-    }
-    add("ln_f", "layernorm", {C, C}, 0);
-    linear("lm_head", C, c.vocab, false);
-  } else if (c.arch == "mlp") {
-    linear("fc1", c.image * c.image, c.hidden, true);
-    linear("fc2", c.hidden, c.hidden, true);
-    linear("fc3", c.hidden, c.classes, true);
-  } else {
-    add("conv1", "conv2d", {16 * 9, 16}, 0);
-    add("conv2", "conv2d", {32 * 16 * 9, 32}, 0);
-    linear("fc1", 32 * (c.image / 4) * (c.image / 4), c.hidden, true);
-    linear("fc2", c.hidden, c.classes, true);
-  }
-  return ops;
-}
 
 namespace {
 
@@ -108,7 +69,7 @@ CostModel CostModel::from_cluster(const ClusterSpec& c, const ModelConfig& cfg, 
   CostModel m;
   m.o_ = o;
   m.model_ = cfg;
-  m.ops_ = op_shapes(cfg);
+  m.ops_ = unmeasured(op_shapes(cfg));
   m.source_ = "cluster spec " + c.name;
   const double flops = c.peak_flops * c.achievable_fraction;
   const double e = c.activation_bytes_per_element;
@@ -196,7 +157,7 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
   const double lat = coll_overhead_;
   for (int64_t numel : p.param_numels) {
     const int64_t n = numel / c.splits;
-    const double padded = 4.0 * static_cast<double>((n + o_.world - 1) / o_.world * o_.world);
+    const double padded = 4.0 * static_cast<double>(padded_numel(n, o_.world));
     if (multi) {
       t_ag += c.splits * ag.ms(padded);
       t_gather += c.splits * (std::max(ag.alpha_ms, lat) + ag.beta_ms_per_byte * padded);
@@ -208,8 +169,7 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
            ar.alpha_ms * std::min(1.0, 4.0 * static_cast<double>(n) / static_cast<double>(o_.bucket_bytes)));
     }
     // Replicated ops (ddp, slim) step every element on every rank; sharded ones their shard.
-    const bool replicated = c.strategy == Strategy::ddp || c.strategy == Strategy::slim;
-    owned += c.splits * (replicated ? static_cast<double>(n) : padded / 4.0 / o_.world);
+    owned += c.splits * static_cast<double>(owned_numel(c.strategy, n, o_.world));
   }
   const double f = overlap_;
   double forward = fwd, backward_mid = bwd, backward_last = bwd, after = 0;
@@ -270,38 +230,27 @@ PlanCost CostModel::evaluate(const std::map<std::string, OpChoice>& choices, int
   pc.accum = o_.global_batch / o_.world / micro;
   pc.step_ms = fixed_ms(micro);
   pc.activation_bytes = activation_bytes(micro);
-  int64_t largest_owned = 0;
+  PeakMemory peak(o_.world, o_.prefetch, o_.optim_states);
   for (size_t i = 0; i < ops_.size(); ++i) {
     auto it = choices.find(ops_[i].name);
     const OpChoice c = it == choices.end() ? OpChoice{} : it->second;
     ChoiceCost cc = cost(i, c, micro);
     pc.step_ms += cc.time_ms;
-    pc.persistent_bytes += cc.mem.persistent();
-    pc.transient_bytes = std::max(pc.transient_bytes, cc.transient_bytes);
-    for (int64_t n : ops_[i].param_numels) {
-      const int64_t block = n / c.splits;
-      largest_owned =
-          std::max(largest_owned, c.strategy == Strategy::ddp ? block : (block + o_.world - 1) / o_.world);
-    }
+    peak.add(ops_[i].param_numels, c);
     pc.per_op.push_back(cc);
   }
-  pc.peak_bytes = std::max(pc.persistent_bytes + pc.activation_bytes + pc.transient_bytes,
-                           pc.persistent_bytes + 4 * largest_owned);
+  pc.persistent_bytes = peak.persistent();
+  pc.transient_bytes = peak.largest_transient();
+  pc.peak_bytes = peak.peak(pc.activation_bytes);
   pc.samples_per_s = static_cast<double>(o_.global_batch) / (pc.step_ms / 1e3);
   pc.tokens_per_s = pc.samples_per_s * (model_.is_classifier() ? 1.0 : static_cast<double>(model_.seq_len));
   return pc;
 }
 
 ClusterSpec load_cluster(const std::string& path) {
-  const std::string text = read_file(path, "--cluster");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw UsageError("--cluster " + path + ": not valid JSON (" + e.what() + ")");
-  }
-  ClusterSpec c;
   const std::string what = "--cluster " + path;
+  const nlohmann::json j = parse_json(read_file(path, "--cluster"), what);
+  ClusterSpec c;
   try {
     c.name = j.value("name", path);
     c.devices = j.at("devices").get<int>();

@@ -1,10 +1,65 @@
-// plan.cpp — plan files: reading, checking, resolving globs against a model's ops, applying splits.
-#include <nlohmann/json.hpp>
-
-#include "slimshard/common.h"
+// plan.cpp — plan files: reading, checking, resolving globs against a model's ops, applying splits; the op
+// shapes of a model (from its config, or built).
 #include "slimshard/plan.h"
 
+#include "slimshard/common.h"
+#include "slimshard/json.h"
+
 namespace slimshard {
+
+std::vector<OpShape> op_shapes(const ModelConfig& c) {
+  c.validate();
+  std::vector<OpShape> ops;
+  auto add = [&](std::string name, std::string kind, std::vector<int64_t> numels, int64_t out) {
+    ops.push_back(OpShape{std::move(name), std::move(kind), std::move(numels), out});
+  };
+  auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
+    add(name, "linear", bias ? std::vector<int64_t>{in * out, out} : std::vector<int64_t>{in * out}, out);
+  };
+  if (c.arch == "gpt") {
+    const int64_t C = c.n_embd;
+    add("wte", "embedding", {c.vocab * C}, 0);
+    add("wpe", "embedding", {c.seq_len * C}, 0);
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      const std::string p = "blocks." + std::to_string(i) + ".";
+      add(p + "ln1", "layernorm", {C, C}, 0);
+      linear(p + "attn.qkv", C, 3 * C, true);
+      linear(p + "attn.proj", C, C, true);
+      add(p + "ln2", "layernorm", {C, C}, 0);
+      linear(p + "mlp.fc", C, 4 * C, true);
+      linear(p + "mlp.proj", 4 * C, C, true);
+    }
+    add("ln_f", "layernorm", {C, C}, 0);
+    linear("lm_head", C, c.vocab, false);
+  } else if (c.arch == "mlp") {
+    linear("fc1", c.image * c.image, c.hidden, true);
+    linear("fc2", c.hidden, c.hidden, true);
+    linear("fc3", c.hidden, c.classes, true);
+  } else {
+    add("conv1", "conv2d", {16 * 9, 16}, 0);
+    add("conv2", "conv2d", {32 * 16 * 9, 32}, 0);
+    linear("fc1", 32 * (c.image / 4) * (c.image / 4), c.hidden, true);
+    linear("fc2", c.hidden, c.classes, true);
+  }
+  return ops;
+}
+
+std::vector<OpShape> op_shapes(const Model& model) {
+  std::vector<OpShape> out;
+  for (const Op* op : model.ops()) {
+    OpShape s{op->name(), op->kind(), {}, 0};
+    if (const auto* lin = dynamic_cast<const Linear*>(op)) {  // a split Linear holds row blocks: count whole
+      s.param_numels.push_back(lin->in_features() * lin->out_features());
+      if (static_cast<int>(op->params().size()) == 2 * lin->splits())
+        s.param_numels.push_back(lin->out_features());
+      s.out_features = lin->out_features();
+    } else {
+      for (const ShardedParam* p : op->params()) s.param_numels.push_back(p->numel());
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
 
 bool glob_match(const std::string& pattern, const std::string& name) {
   // Iterative wildcard match with backtracking to the last '*'.
@@ -38,29 +93,24 @@ Plan uniform_plan(Strategy s) {
 Plan load_plan(const std::string& path) { return parse_plan(read_file(path, "--plan"), path); }
 
 Plan parse_plan(const std::string& text, const std::string& path) {
-  nlohmann::ordered_json j;
-  try {
-    j = nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw UsageError("--plan " + path + ": not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::ordered_json j = parse_ordered_json(text, "--plan " + path);
   Plan plan;
   plan.source = path;
-  if (!j.is_object() || !j.contains("ops") || !j["ops"].is_object())
+  if (!j.is_object() || !j.contains("ops") || !j.at("ops").is_object())
     throw UsageError("--plan " + path +
                      ": expected {\"ops\": {\"<op or glob>\": {\"strategy\": ..., \"splits\": ...}}}");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (it.key() != "ops" && it.key() != "world" && it.key() != "micro_batch" && it.key() != "predicted")
       throw UsageError("--plan " + path + ": unknown field '" + it.key() + "'");
   try {
-    if (j.contains("world")) plan.world = j["world"].get<int>();
-    if (j.contains("micro_batch")) plan.micro_batch = j["micro_batch"].get<int64_t>();
+    if (j.contains("world")) plan.world = j.at("world").get<int>();
+    if (j.contains("micro_batch")) plan.micro_batch = j.at("micro_batch").get<int64_t>();
   } catch (const nlohmann::json::exception&) {
     throw UsageError("--plan " + path + ": world and micro_batch must be integers");
   }
   if (plan.world < 0 || plan.micro_batch < 0)
     throw UsageError("--plan " + path + ": negative world or micro_batch");
-  for (auto it = j["ops"].begin(); it != j["ops"].end(); ++it) {
+  for (auto it = j.at("ops").begin(); it != j.at("ops").end(); ++it) {
     const std::string what = "--plan " + path + ": entry '" + it.key() + "'";
     if (!it->is_object()) throw UsageError(what + ": expected an object");
     PlanEntry e;
@@ -84,25 +134,25 @@ Plan parse_plan(const std::string& text, const std::string& path) {
   return plan;
 }
 
-std::map<std::string, OpChoice> resolve_plan(const Plan& plan, const Model& model) {
+std::map<std::string, OpChoice> resolve_plan(const Plan& plan, const std::vector<OpShape>& ops) {
   std::map<std::string, OpChoice> out;
-  for (const Op* op : model.ops()) out[op->name()] = OpChoice{};
+  for (const OpShape& op : ops) out[op.name] = OpChoice{};
   for (const PlanEntry& e : plan.entries) {
     int matched = 0;
-    for (const Op* op : model.ops()) {
-      if (!glob_match(e.pattern, op->name())) continue;
+    for (const OpShape& op : ops) {
+      if (!glob_match(e.pattern, op.name)) continue;
       ++matched;
-      OpChoice& c = out[op->name()];
+      OpChoice& c = out[op.name];
       if (e.has_strategy) c.strategy = e.strategy;
       if (e.has_splits) {
-        const auto* lin = dynamic_cast<const Linear*>(op);
-        if (e.splits != 1 && !lin)
+        const bool linear = op.kind == "linear";
+        if (e.splits != 1 && !linear)
           throw UsageError("--plan " + plan.source + ": entry '" + e.pattern +
-                           "': splits apply to linear ops, " + op->name() + " is " + op->kind());
-        if (lin && lin->out_features() % e.splits != 0)
+                           "': splits apply to linear ops, " + op.name + " is " + op.kind);
+        if (linear && op.out_features % e.splits != 0)
           throw UsageError("--plan " + plan.source + ": entry '" + e.pattern +
                            "': splits=" + std::to_string(e.splits) + " does not divide the " +
-                           std::to_string(lin->out_features()) + " output features of " + op->name());
+                           std::to_string(op.out_features) + " output features of " + op.name);
         c.splits = e.splits;
       }
     }

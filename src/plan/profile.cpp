@@ -1,7 +1,9 @@
 // profile.cpp — measures what the cost model needs on the real hardware: per-op forward and backward time and
 // activation bytes at each micro-batch, a latency + bandwidth fit per collective at this world size, how much
-// compute slows while communication runs, and the optimizer's time per element. Reads and checks profile
-// files.
+// compute slows while communication runs, and the optimizer's time per element; calibrates them against
+// measured steps; reads and checks profile files (see profile.h).
+#include "slimshard/profile.h"
+
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -15,10 +17,10 @@
 
 #include "slimshard/comm.h"
 #include "slimshard/common.h"
-#include "slimshard/memory.h"
+#include "slimshard/cost_model.h"
+#include "slimshard/json.h"
+#include "slimshard/memory_estimate.h"
 #include "slimshard/optim.h"
-#include "slimshard/plan.h"
-#include "slimshard/shard.h"
 
 namespace slimshard {
 namespace {
@@ -26,12 +28,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 std::string cpu_model() {
@@ -66,15 +62,7 @@ CollectiveFit fit(const std::vector<std::pair<double, double>>& pts) {
 // Per-op forward/backward time (the span since the previous op ended) and activation bytes at micro-batch b.
 void profile_compute(const ModelConfig& cfg, int64_t b, const ProfileOptions& o, uint64_t seed, Profile& p) {
   auto model = build_model(cfg, seed);
-  at::manual_seed(static_cast<int64_t>(seed));
-  at::Tensor x, y;
-  if (cfg.is_classifier()) {
-    x = at::randn({b, 1, cfg.image, cfg.image});
-    y = at::randint(0, cfg.classes, {b}, at::kLong);
-  } else {
-    x = at::randint(0, cfg.vocab, {b, cfg.seq_len}, at::kLong);
-    y = at::randint(0, cfg.vocab, {b, cfg.seq_len}, at::kLong);
-  }
+  const auto [x, y] = random_inputs(cfg, b, seed);
   std::map<std::string, std::vector<double>> fwd, bwd;
   std::vector<double> loss_fwd, loss_bwd;
   std::map<std::string, double> f_now, b_now;
@@ -119,42 +107,6 @@ void profile_compute(const ModelConfig& cfg, int64_t b, const ProfileOptions& o,
   p.backward_extra_bytes[b] = act.backward_extra;
 }
 
-// One training step as the trainer runs it (all ranks, one strategy everywhere), median over `steps` after
-// one warm-up step.
-double measure_step_ms(const ModelConfig& cfg, Strategy s, int64_t b, Communicator& comm, uint64_t seed,
-                       int steps) {
-  auto model = build_model(cfg, seed);
-  at::manual_seed(static_cast<int64_t>(seed) + comm.rank());
-  at::Tensor x, y;
-  if (cfg.is_classifier()) {
-    x = at::randn({b, 1, cfg.image, cfg.image});
-    y = at::randint(0, cfg.classes, {b}, at::kLong);
-  } else {
-    x = at::randint(0, cfg.vocab, {b, cfg.seq_len}, at::kLong);
-    y = at::randint(0, cfg.vocab, {b, cfg.seq_len}, at::kLong);
-  }
-  const auto params = model->params().all();
-  DataParallel dp(comm, params, std::vector<Strategy>(params.size(), s), DataParallel::Options{});
-  Optimizer opt(OptimConfig{});
-  opt.init_state(params);
-  std::vector<double> times;
-  for (int it = 0; it <= steps; ++it) {
-    comm.barrier()->wait();
-    const auto t = Clock::now();
-    for (ShardedParam* q : params) q->zero_grad();
-    at::Tensor loss = model->loss(x, y);
-    dp.begin_backward(0, 1);
-    loss.backward();
-    dp.end_backward(true);
-    const double norm = std::sqrt(dp.grad_sq_sum());
-    scale_grads(params, 1.0 / (norm + 1e-6));
-    opt.step(params, 1e-4);
-    dp.after_optimizer_step();
-    if (it > 0) times.push_back(ms_since(t));
-  }
-  return median(times);
-}
-
 double gemm_loop_ms(int n) {
   at::Tensor a = at::randn({384, 384}), c = at::randn({384, 384});
   const auto t = Clock::now();
@@ -162,31 +114,8 @@ double gemm_loop_ms(int n) {
   return ms_since(t);
 }
 
-}  // namespace
-
-Profile run_profile(const ModelConfig& model, const std::vector<int64_t>& micro_batches, Communicator& comm,
-                    const ProfileOptions& o, uint64_t seed) {
-  if (micro_batches.empty()) throw UsageError("--micro-batch: give at least one size");
-  Profile p;
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
-  p.machine = {{"host", host}, {"cpus", std::thread::hardware_concurrency()}, {"cpu", cpu_model()}};
-  p.world = comm.world();
-  p.threads = at::get_num_threads();
-  p.libtorch = TORCH_VERSION;
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  p.date = date;
-  p.model = model;
-  p.micro_batches = micro_batches;
-  p.ops = op_shapes(model);
-  // Compute: every rank runs it at the same time, so the figures include the contention training will see.
-  for (int64_t b : micro_batches) {
-    comm.barrier()->wait();
-    profile_compute(model, b, o, seed, p);
-  }
-  // Collectives at this world size, over a range of sizes.
+// Collectives at this world size, over a range of sizes: a fit of t = α + β·bytes each.
+void profile_collectives(Communicator& comm, const ProfileOptions& o, Profile& p) {
   for (Collective c : {Collective::all_gather, Collective::reduce_scatter, Collective::all_reduce}) {
     std::vector<std::pair<double, double>> pts;
     for (int64_t bytes = 16 << 10; bytes <= o.max_collective_bytes; bytes *= 4) {
@@ -205,82 +134,119 @@ Profile run_profile(const ModelConfig& model, const std::vector<int64_t>& micro_
     }
     p.collectives[collective_name(c)] = fit(pts);
   }
-  // Overlap: compute alone, then the same compute while all-gathers keep the comm thread busy.
-  {
+}
+
+// Compute alone, then the same compute while all-gathers keep the comm thread busy.
+double measure_overlap_slowdown(Communicator& comm) {
+  comm.barrier()->wait();
+  std::vector<double> alone, together;
+  const int gemms = 60;
+  at::Tensor full = at::ones({(8 << 20) / 4 / comm.world() * comm.world()});
+  at::Tensor part = at::ones({full.numel() / comm.world()});
+  for (int it = 0; it < 3; ++it) {
     comm.barrier()->wait();
-    std::vector<double> alone, together;
-    const int gemms = 60;
-    at::Tensor full = at::ones({(8 << 20) / 4 / comm.world() * comm.world()});
-    at::Tensor part = at::ones({full.numel() / comm.world()});
-    for (int it = 0; it < 3; ++it) {
-      comm.barrier()->wait();
-      alone.push_back(gemm_loop_ms(gemms));
-      comm.barrier()->wait();
-      std::vector<WorkPtr> works;
-      for (int i = 0; i < 12; ++i) works.push_back(comm.all_gather(full, part));
-      together.push_back(gemm_loop_ms(gemms));
-      for (auto& w : works) w->wait();
-    }
-    p.overlap_slowdown = comm.world() > 1 ? std::max(1.0, median(together) / median(alone)) : 1.0;
+    alone.push_back(gemm_loop_ms(gemms));
+    comm.barrier()->wait();
+    std::vector<WorkPtr> works;
+    for (int i = 0; i < 12; ++i) works.push_back(comm.all_gather(full, part));
+    together.push_back(gemm_loop_ms(gemms));
+    for (auto& w : works) w->wait();
   }
-  // Per element of the owned parameters, the work after backward: zeroing the gradient (before the next
-  // step), its norm and scaling (clipping), and AdamW.
-  {
-    ShardedParam q("probe", at::randn({1 << 20}), true);
-    q.shard(Strategy::ddp, 0, 1);
-    Optimizer opt(OptimConfig{});
-    opt.init_state({&q});
-    std::vector<double> times;
-    for (int it = 0; it < 5; ++it) {
-      q.grad().normal_();
-      const auto t = Clock::now();
-      const double norm = std::sqrt(q.grad().dot(q.grad()).item<double>());
-      q.grad().mul_(1.0 / (norm + 1e-6));
-      opt.step({&q}, 1e-3);
-      q.zero_grad();
-      times.push_back(ms_since(t));
-    }
-    p.optimizer_ns_per_element = median(times) * 1e6 / static_cast<double>(1 << 20);
+  return comm.world() > 1 ? std::max(1.0, median(together) / median(alone)) : 1.0;
+}
+
+// Per element of the owned parameters, the work after backward: zeroing the gradient (before the next step),
+// its norm and scaling (clipping), and AdamW.
+double measure_optimizer_ns_per_element() {
+  ShardedParam q("probe", at::randn({1 << 20}), true);
+  q.shard(Strategy::ddp, 0, 1);
+  Optimizer opt(OptimConfig{});
+  opt.init_state({&q});
+  std::vector<double> times;
+  for (int it = 0; it < 5; ++it) {
+    q.grad().normal_();
+    const auto t = Clock::now();
+    const double norm = std::sqrt(q.grad().dot(q.grad()).item<double>());
+    q.grad().mul_(1.0 / (norm + 1e-6));
+    opt.step({&q}, 1e-3);
+    q.zero_grad();
+    times.push_back(ms_since(t));
   }
-  // Calibration against real steps. (1) Op times measured in isolation run a little faster than inside a
-  // whole step (the optimizer's state evicts caches, the other ranks contend), and by how much depends on the
-  // micro-batch: at each one, a real DDP step is measured and that micro-batch's op times are scaled so that
-  // the model's DDP step equals it. (2) What a zero3 step (largest micro-batch) then costs beyond the model,
-  // per gather, is the latency of a gather waited for among busy threads.
-  {
-    std::map<std::string, OpChoice> z3, dd;
-    int64_t gathers = 0;
-    for (const OpProfile& op : p.ops) {
-      z3[op.name] = OpChoice{Strategy::zero3, 1};
-      dd[op.name] = OpChoice{Strategy::ddp, 1};
-      gathers += 2 * static_cast<int64_t>(op.param_numels.size());
-    }
-    nlohmann::json steps = nlohmann::json::object();
-    for (int64_t b : micro_batches) {
-      CostOptions co;
-      co.world = comm.world();
-      co.global_batch = b * comm.world();
-      const double ddp_ms = measure_step_ms(model, Strategy::ddp, b, comm, seed, o.repeats);
-      const double scale = ddp_ms / CostModel::from_profile(p, co).evaluate(dd, b).step_ms;
-      if (scale > 0 && std::isfinite(scale)) {
-        for (OpProfile& op : p.ops) op.fwd_ms[b] *= scale, op.bwd_ms[b] *= scale;
-        p.loss_fwd_ms[b] *= scale, p.loss_bwd_ms[b] *= scale;
-      }
-      steps[std::to_string(b)] = {{"ddp_ms", ddp_ms}, {"compute_scale", scale}};
-    }
-    const int64_t b = micro_batches.back();
-    if (comm.world() > 1) {
-      CostOptions co;
-      co.world = comm.world();
-      co.global_batch = b * comm.world();
-      const double z3_ms = measure_step_ms(model, Strategy::zero3, b, comm, seed, o.repeats);
-      const double predicted = CostModel::from_profile(p, co).evaluate(z3, b).step_ms;
-      p.collective_overhead_ms = std::max(0.0, (z3_ms - predicted) / static_cast<double>(gathers));
-      steps[std::to_string(b)]["zero3_ms"] = z3_ms;
-    }
-    p.measured_steps = steps;
+  return median(times) * 1e6 / static_cast<double>(1 << 20);
+}
+
+// The model's step time with one strategy everywhere, at micro-batch b (one micro-batch per rank).
+double uniform_step_ms(const Profile& p, Strategy s, int64_t b) {
+  CostOptions cost_opts;
+  cost_opts.world = p.world;
+  cost_opts.global_batch = b * p.world;
+  std::map<std::string, OpChoice> choices;
+  for (const OpProfile& op : p.ops) choices[op.name] = OpChoice{s, 1};
+  return CostModel::from_profile(p, cost_opts).evaluate(choices, b).step_ms;
+}
+
+}  // namespace
+
+std::vector<OpProfile> unmeasured(const std::vector<OpShape>& shapes) {
+  std::vector<OpProfile> out;
+  for (const OpShape& s : shapes) out.push_back(OpProfile{s, {}, {}, {}});
+  return out;
+}
+
+std::vector<int64_t> profile_micro_batches(int64_t local) {
+  std::vector<int64_t> micro;
+  for (int64_t b = local; b >= 1 && micro.size() < 4; b /= 2)
+    if (local % b == 0) micro.insert(micro.begin(), b);
+  return micro;
+}
+
+Profile measure_profile(const ModelConfig& model, const std::vector<int64_t>& micro_batches,
+                        Communicator& comm, const ProfileOptions& o, uint64_t seed) {
+  if (micro_batches.empty()) throw UsageError("--micro-batch: give at least one size");
+  Profile p;
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  p.machine = {{"host", host}, {"cpus", std::thread::hardware_concurrency()}, {"cpu", cpu_model()}};
+  p.world = comm.world();
+  p.threads = at::get_num_threads();
+  p.libtorch = TORCH_VERSION;
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  p.date = date;
+  p.model = model;
+  p.micro_batches = micro_batches;
+  p.ops = unmeasured(op_shapes(model));
+  // Compute: every rank runs it at the same time, so the figures include the contention training will see.
+  for (int64_t b : micro_batches) {
+    comm.barrier()->wait();
+    profile_compute(model, b, o, seed, p);
   }
+  profile_collectives(comm, o, p);
+  p.overlap_slowdown = measure_overlap_slowdown(comm);
+  p.optimizer_ns_per_element = measure_optimizer_ns_per_element();
   return p;
+}
+
+void calibrate_profile(Profile& p, const MeasuredSteps& steps) {
+  nlohmann::json record = nlohmann::json::object();
+  for (const auto& [b, ddp_ms] : steps.ddp_ms) {
+    const double scale = ddp_ms / uniform_step_ms(p, Strategy::ddp, b);
+    if (scale > 0 && std::isfinite(scale)) {
+      for (OpProfile& op : p.ops) op.fwd_ms[b] *= scale, op.bwd_ms[b] *= scale;
+      p.loss_fwd_ms[b] *= scale, p.loss_bwd_ms[b] *= scale;
+    }
+    record[std::to_string(b)] = {{"ddp_ms", ddp_ms}, {"compute_scale", scale}};
+  }
+  if (p.world > 1 && steps.zero3_ms > 0) {
+    const int64_t b = p.micro_batches.back();
+    int64_t gathers = 0;
+    for (const OpProfile& op : p.ops) gathers += 2 * static_cast<int64_t>(op.param_numels.size());
+    const double predicted = uniform_step_ms(p, Strategy::zero3, b);
+    p.collective_overhead_ms = std::max(0.0, (steps.zero3_ms - predicted) / static_cast<double>(gathers));
+    record[std::to_string(b)]["zero3_ms"] = steps.zero3_ms;
+  }
+  p.measured_steps = record;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -361,7 +327,7 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
         out[b] = v;
       }
     };
-    const std::vector<OpProfile> shapes = op_shapes(p.model);
+    const std::vector<OpProfile> shapes = unmeasured(op_shapes(p.model));
     const auto& ops = j.at("ops");
     if (!ops.is_array() || ops.size() != shapes.size())
       throw bad("ops", "expected " + std::to_string(shapes.size()) + " ops for this model");
@@ -406,14 +372,8 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
 }
 
 Profile load_profile(const std::string& path) {
-  const std::string text = read_file(path, "--profile");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw UsageError("--profile " + path + ": not valid JSON (" + e.what() + ")");
-  }
-  return profile_from_json(j, "--profile " + path);
+  return profile_from_json(parse_json(read_file(path, "--profile"), "--profile " + path),
+                           "--profile " + path);
 }
 
 Profile scale_profile(const Profile& p, int world) {
@@ -433,6 +393,22 @@ Profile scale_profile(const Profile& p, int world) {
   }
   q.world = world;
   return q;
+}
+
+void print_profile(const Profile& p) {
+  for (int64_t b : p.micro_batches) {
+    double fwd = 0, bwd = 0;
+    for (const auto& op : p.ops) fwd += op.fwd_ms.at(b), bwd += op.bwd_ms.at(b);
+    std::printf("  micro-batch %lld: forward %.1f ms, backward %.1f ms\n", (long long)b,
+                fwd + p.loss_fwd_ms.at(b), bwd + p.loss_bwd_ms.at(b));
+  }
+  for (const auto& [k, fit] : p.collectives)
+    std::printf("  %-14s t = %.3f ms + bytes / %.2f GB/s   (fit residual %.1f%%)\n", k.c_str(), fit.alpha_ms,
+                fit.beta_ms_per_byte > 0 ? 1e-6 / fit.beta_ms_per_byte : 0.0, 100 * fit.residual);
+  std::printf(
+      "  compute runs %.2fx slower while communication runs; %.3f ms per collective in a step; "
+      "AdamW and clipping %.2f ns per element\n",
+      p.overlap_slowdown, p.collective_overhead_ms, p.optimizer_ns_per_element);
 }
 
 }  // namespace slimshard

@@ -4,12 +4,13 @@
 // the largest transient (every distinct value in turn), allowing only choices under it, and giving the
 // knapsack a budget of limit − activations − T; persistent bytes are rounded up to budget/buckets, so what it
 // returns fits.
+#include "slimshard/search.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "slimshard/common.h"
-#include "slimshard/plan.h"
 
 namespace slimshard {
 namespace {
@@ -160,7 +161,7 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
   }
   // More ranks: persistent bytes shrink with the world, activations stay.
   for (int w = m.options().world * 2; w <= (1 << 16); w *= 2) {
-    int64_t persistent = 0, transient = 0;
+    PeakMemory peak(w, m.options().prefetch, m.options().optim_states);
     for (const OpProfile& op : m.ops()) {
       int k = 1;
       for (int kk : {8, 4, 2})
@@ -168,14 +169,11 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
           k = kk;
           break;
         }
-      const ChoiceMemory cm =
-          choice_memory(op.param_numels, OpChoice{Strategy::zero3, k}, w, m.options().optim_states);
-      persistent += cm.persistent();
-      transient = std::max(transient, cm.transient(m.options().prefetch));
+      peak.add(op.param_numels, OpChoice{Strategy::zero3, k});
     }
-    if (persistent + best.activation_bytes + transient <= o.mem_limit) {
+    if (peak.peak(best.activation_bytes) <= o.mem_limit) {
       msg += "; with " + std::to_string(w) + " ranks zero3 would need about " +
-             mib(persistent + best.activation_bytes + transient);
+             mib(peak.peak(best.activation_bytes));
       break;
     }
   }
@@ -250,6 +248,14 @@ SearchResult uniform_baseline(const CostModel& m, Strategy s, const SearchOption
     if (better) best = r;
   }
   return best;
+}
+
+std::vector<std::pair<std::string, SearchResult>> baselines(const CostModel& m, const SearchOptions& o) {
+  std::vector<std::pair<std::string, SearchResult>> out;
+  for (Strategy s : {Strategy::ddp, Strategy::slim, Strategy::zero1, Strategy::zero2, Strategy::zero3})
+    if (s != Strategy::slim || m.options().allow_slim)
+      out.emplace_back(strategy_name(s), uniform_baseline(m, s, o));
+  return out;
 }
 
 nlohmann::ordered_json plan_to_json(const CostModel& m, const SearchResult& r) {

@@ -1,80 +1,17 @@
-// data_parallel.cpp — gradient synchronisation and parameter gathering for every strategy (see shard.h):
-// DDP buckets all-reduced from the backward hooks, ZeRO reduce-scatters, in-place all-gathers after the step,
-// and the zero3 prefetcher.
+// data_parallel.cpp — gradient synchronisation and parameter gathering for every strategy (see
+// data_parallel.h): DDP buckets all-reduced from the backward hooks, ZeRO reduce-scatters, in-place
+// all-gathers after the step; zero3's gathers go through the prefetcher (prefetcher.cpp).
+#include "slimshard/data_parallel.h"
+
 #include <algorithm>
 
+#include "prefetcher.h"
 #include "slimshard/comm.h"
 #include "slimshard/common.h"
-#include "slimshard/shard.h"
+#include "slimshard/hash.h"
 
 namespace slimshard {
 
-// ---------------------------------------------------------------------------------------------------------------
-Prefetcher::Prefetcher(Communicator& comm, int depth) : comm_(comm), depth_(std::max(0, depth)) {}
-
-void Prefetcher::issue(size_t key, ShardedParam& p) {
-  Gathered g;
-  g.buf = at::empty({p.padded_numel()}, p.master().options());
-  g.work = comm_.all_gather(g.buf, p.master());
-  live_[key] = std::move(g);
-  max_live_ = std::max(max_live_, static_cast<int>(live_.size()));
-  ++gathers_;
-}
-
-// Issues the next recorded params, up to trace index `limit` (exclusive), while fewer than K+1 are live.
-void Prefetcher::fill(size_t limit) {
-  limit = std::min(limit, trace_.size());
-  while (issued_ < limit && static_cast<int>(live_.size()) < depth_ + 1) {
-    issue(issued_, *trace_[issued_]);
-    ++issued_;
-  }
-}
-
-at::Tensor Prefetcher::acquire(ShardedParam& p) {
-  bool follow = enabled_ && !recording_ && !broken_ && depth_ > 0;
-  if (follow && (pos_ >= trace_.size() || trace_[pos_] != &p)) {
-    // The order changed (it should not: same graph every pass). Stop prefetching rather than gather wrongly.
-    broken_ = true, follow = false;
-    std::fprintf(stderr, "[rank %d] warning: zero3 materialization order changed at %s; prefetch disabled\n",
-                 comm_.rank(), p.name().c_str());
-  }
-  size_t key;
-  if (follow) {
-    key = pos_;
-    if (issued_ <= pos_) issue(pos_, p), issued_ = pos_ + 1;
-    fill(pos_ + static_cast<size_t>(depth_) + 1);
-    ++pos_;
-  } else {
-    if (enabled_ && recording_) trace_.push_back(&p);
-    key = next_adhoc_++;
-    issue(key, p);
-  }
-  in_use_[&p].push_back(key);
-  Gathered& g = live_.at(key);
-  g.work->wait();
-  return g.buf;
-}
-
-void Prefetcher::release(ShardedParam& p) {
-  auto& keys = in_use_[&p];
-  if (keys.empty()) throw std::logic_error("release of " + p.name() + " without acquire");
-  live_.erase(keys.front());
-  keys.pop_front();
-  if (enabled_ && !recording_ && !broken_ && depth_ > 0) fill(pos_ + static_cast<size_t>(depth_));
-}
-
-void Prefetcher::end_pass() {
-  if (!enabled_) return;
-  recording_ = false;
-  pos_ = issued_ = 0;
-  // Gathers issued for positions the pass never reached (none when the order held) are dropped.
-  for (auto it = live_.begin(); it != live_.end();) {
-    it->second.work->wait();
-    it = it->first < trace_.size() ? live_.erase(it) : std::next(it);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
 DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params,
                            const std::vector<Strategy>& strategies, const Options& o)
     : comm_(comm), params_(std::move(params)) {
@@ -85,8 +22,8 @@ DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params
   for (auto& w : works) w->wait();
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i]->shard(strategies[i], comm_.rank(), comm_.world());
-    if (strategies[i] != Strategy::ddp && strategies[i] != Strategy::slim) any_sharded_ = true;
-    if (strategies[i] == Strategy::zero3) {
+    if (is_sharded(strategies[i])) any_sharded_ = true;
+    if (gathers_on_use(strategies[i])) {
       if (!prefetcher_) prefetcher_ = std::make_unique<Prefetcher>(comm_, o.prefetch);
       params_[i]->set_gatherer(prefetcher_.get());
     }
@@ -136,7 +73,7 @@ void DataParallel::on_grad_ready(ShardedParam& p) {
   const bool last = micro_index_ == micro_count_ - 1;
   const Strategy s = p.strategy();
   if (s == Strategy::slim) return;  // local gradients; Slim-DP synchronises the weights after the step
-  if (s == Strategy::zero2 || s == Strategy::zero3) {
+  if (frees_full_grad(s)) {
     // Every micro-batch: reduce-scatter now, free the full gradient once done. With accumulation the slice is
     // added to the owned gradient on the comm thread.
     at::Tensor full = p.take_full_grad_flat();
@@ -201,8 +138,7 @@ double DataParallel::grad_sq_sum() {
   if (!any_sharded_) return replicated;
   at::Tensor sharded = at::zeros({1}, at::kDouble);
   for (ShardedParam* p : params_)
-    if (p->strategy() != Strategy::ddp && p->strategy() != Strategy::slim)
-      sharded += p->grad().dot(p->grad()).to(at::kDouble);
+    if (is_sharded(p->strategy())) sharded += p->grad().dot(p->grad()).to(at::kDouble);
   comm_.all_reduce(sharded)->wait();
   return replicated + sharded.item<double>();
 }
@@ -210,9 +146,21 @@ double DataParallel::grad_sq_sum() {
 void DataParallel::after_optimizer_step() {
   std::vector<WorkPtr> works;
   for (ShardedParam* p : params_)
-    if (p->strategy() == Strategy::zero1 || p->strategy() == Strategy::zero2)
-      works.push_back(comm_.all_gather(p->flat_param(), p->master()));
+    if (gathers_after_step(p->strategy())) works.push_back(comm_.all_gather(p->flat_param(), p->master()));
   for (auto& w : works) w->wait();
+}
+
+DataParallel::PrefetchStats DataParallel::prefetch_stats() const {
+  PrefetchStats s;
+  if (!prefetcher_) return s;
+  s.depth = prefetcher_->depth();
+  s.max_live = prefetcher_->max_live();
+  s.gathers = prefetcher_->gathers();
+  for (const ShardedParam* p : params_)
+    if (gathers_on_use(p->strategy()))
+      s.largest_buffer_bytes = std::max<int64_t>(
+          s.largest_buffer_bytes, p->padded_numel() * static_cast<int64_t>(p->master().element_size()));
+  return s;
 }
 
 void DataParallel::set_prefetch_enabled(bool on) {
@@ -222,7 +170,7 @@ void DataParallel::set_prefetch_enabled(bool on) {
 std::vector<std::pair<std::string, at::Tensor>> DataParallel::full_values() {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (ShardedParam* p : params_) {
-    if (p->strategy() != Strategy::zero3) {
+    if (!gathers_on_use(p->strategy())) {
       out.emplace_back(p->name(), p->full_value());
       continue;
     }
@@ -234,12 +182,11 @@ std::vector<std::pair<std::string, at::Tensor>> DataParallel::full_values() {
 }
 
 int64_t DataParallel::replicated_checksum() {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  uint64_t h = kFnvOffset;
   for (ShardedParam* p : params_) {
-    if (p->strategy() == Strategy::zero3) continue;  // shards differ by construction
-    at::Tensor t = p->full_value().contiguous();
-    const auto* b = static_cast<const unsigned char*>(t.data_ptr());
-    for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+    if (gathers_on_use(p->strategy())) continue;  // shards differ by construction
+    const at::Tensor t = p->full_value().contiguous();
+    h = fnv1a_bytes(h, t.data_ptr(), t.nbytes());
   }
   return static_cast<int64_t>(h);
 }

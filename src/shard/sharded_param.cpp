@@ -1,6 +1,8 @@
-// sharded_param.cpp — storage layout and lifecycle of one learnable tensor under each strategy (see shard.h).
+// sharded_param.cpp — storage layout and lifecycle of one learnable tensor under each strategy (see
+// sharded_param.h).
+#include "slimshard/sharded_param.h"
+
 #include "slimshard/common.h"
-#include "slimshard/shard.h"
 
 namespace slimshard {
 
@@ -38,8 +40,7 @@ void ShardedParam::set_value(const at::Tensor& full) {
   if (full.sizes().vec() != shape_)
     throw UsageError("param " + name_ + ": value of shape " + c10::str(full.sizes()) + ", expected " +
                      c10::str(at::IntArrayRef(shape_)));
-  if (strategy_ != Strategy::ddp && strategy_ != Strategy::slim)
-    throw std::logic_error("set_value on sharded param " + name_);
+  if (!is_replicated(strategy_)) throw std::logic_error("set_value on sharded param " + name_);
   at::NoGradGuard no_grad;
   const at::ScalarType dtype = at::isFloatingType(full.scalar_type()) ? full.scalar_type() : at::kFloat;
   if (full_.defined() && full_.scalar_type() == dtype) {
@@ -58,18 +59,18 @@ void ShardedParam::set_value(const at::Tensor& full) {
 void ShardedParam::shard(Strategy s, int rank, int world) {
   at::NoGradGuard no_grad;
   strategy_ = s;
-  if (s == Strategy::ddp || s == Strategy::slim) {
+  if (is_replicated(s)) {
     if (!grad_.defined()) grad_flat_ = grad_ = at::zeros_like(flat_), grad_full_ = grad_flat_.view(shape_);
     return;
   }
-  padded_ = (numel_ + world - 1) / world * world;
+  padded_ = slimshard::padded_numel(numel_, world);
   shard_numel_ = padded_ / world;
   shard_offset_ = shard_numel_ * rank;
   at::Tensor padded = at::zeros({padded_}, flat_.options());
   padded.slice(0, 0, numel_).copy_(flat_);
   grad_ = at::zeros({shard_numel_}, flat_.options());
   grad_flat_ = grad_full_ = at::Tensor();
-  if (s == Strategy::zero3) {
+  if (gathers_on_use(s)) {
     master_ = padded.slice(0, shard_offset_, shard_offset_ + shard_numel_).clone();
     flat_ = full_ = at::Tensor();
     return;
@@ -84,21 +85,21 @@ void ShardedParam::shard(Strategy s, int rank, int world) {
 }
 
 at::Tensor ShardedParam::materialize() {
-  if (strategy_ != Strategy::zero3) return full_;
+  if (!gathers_on_use(strategy_)) return full_;
   if (!gatherer_) throw std::logic_error("zero3 param " + name_ + " has no gatherer");
   at::Tensor buf = gatherer_->acquire(*this);
   return buf.slice(0, 0, numel_).view(shape_);
 }
 
 void ShardedParam::release() {
-  if (strategy_ == Strategy::zero3) gatherer_->release(*this);
+  if (gathers_on_use(strategy_)) gatherer_->release(*this);
 }
 
 at::Tensor ShardedParam::grad_buffer() {
   if (!grad_full_.defined()) {  // zero2/zero3: the first gradient of this micro-batch (or an unsharded param)
     grad_flat_ = at::zeros({padded_}, master_.options());
     grad_full_ = grad_flat_.slice(0, 0, numel_).view(shape_);
-    if (strategy_ == Strategy::ddp || strategy_ == Strategy::slim) grad_ = grad_flat_;
+    if (is_replicated(strategy_)) grad_ = grad_flat_;
   }
   return grad_full_;
 }
@@ -121,7 +122,7 @@ void ShardedParam::zero_grad() {
 }
 
 at::Tensor ShardedParam::full_value() {
-  if (strategy_ == Strategy::zero3)
+  if (gathers_on_use(strategy_))
     throw std::logic_error("full_value of zero3 param " + name_ + " needs a gather");
   return full_.clone();
 }
@@ -135,8 +136,7 @@ void ShardedParam::set_grad_storage(const at::Tensor& flat) {
 }
 
 void ShardedParam::set_value_storage(const at::Tensor& flat) {
-  if ((strategy_ != Strategy::ddp && strategy_ != Strategy::slim) || flat.numel() != numel_ ||
-      flat.scalar_type() != flat_.scalar_type())
+  if (!is_replicated(strategy_) || flat.numel() != numel_ || flat.scalar_type() != flat_.scalar_type())
     throw std::logic_error("set_value_storage: " + name_ + ": not replicated, or wrong size or dtype");
   flat.copy_(flat_);
   master_ = flat_ = flat;
@@ -145,8 +145,7 @@ void ShardedParam::set_value_storage(const at::Tensor& flat) {
 
 int64_t ShardedParam::resident_bytes() const {
   int64_t bytes = master_.nbytes() + grad_.nbytes();
-  if (strategy_ == Strategy::zero1 || strategy_ == Strategy::zero2)
-    bytes += flat_.nbytes() - master_.nbytes();
+  if (gathers_after_step(strategy_)) bytes += flat_.nbytes() - master_.nbytes();
   if (strategy_ == Strategy::zero1) bytes += grad_flat_.nbytes();
   for (const auto& kv : optim_state_) bytes += kv.second.nbytes();
   return bytes;

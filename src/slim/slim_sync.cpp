@@ -8,21 +8,11 @@
 #include <type_traits>
 
 #include "slimshard/comm.h"
-#include "slimshard/data.h"
-#include "slimshard/shard.h"
+#include "slimshard/hash.h"
+#include "slimshard/sharded_param.h"
 #include "slimshard/slim.h"
 
 namespace slimshard {
-
-namespace {
-// splitmix64's step, inlined here: the explorer draws one per explored element.
-inline uint64_t next(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-}  // namespace
 
 SlimSync::SlimSync(Communicator& comm, std::vector<ShardedParam*> params, const SlimOptions& o)
     : comm_(comm), o_(o), params_(std::move(params)) {
@@ -43,6 +33,15 @@ SlimSync::SlimSync(Communicator& comm, std::vector<ShardedParam*> params, const 
   if (weights_.scalar_type() != at::kFloat) throw std::logic_error("SlimSync: fp32 params only");
   if (o_.wire != "fp32" && o_.wire != "bf16") throw std::logic_error("SlimSync: wire must be fp32 or bf16");
   refresh_core();
+  // Sized once at start (the design's buffer rule): the selection mask, and the packed round at its expected
+  // size (core + explorer, with room for the explorer's spread).
+  selected_.assign(static_cast<size_t>(total_), 0);
+  const auto expected = static_cast<size_t>(
+      static_cast<double>(core_count_) + 1.1 * o_.explore * static_cast<double>(total_ - core_count_) + 16);
+  if (o_.wire_bytes() == 2)
+    packed16_.reserve(expected);
+  else
+    packed_.reserve(expected);
 }
 
 // Significance of element i of a tensor: |a_i| / mean|a| + λ·s_i with λ = 1 / mean(s): the magnitude of the
@@ -71,7 +70,7 @@ void SlimSync::refresh_core() {
     for (int64_t j = 0; j < k; ++j) in_core_[offsets_[i] + t[j]] = 1;
   }
   for (int64_t i = 0; i < total_; ++i)  // the digest covers every core chosen
-    if (in_core_[static_cast<size_t>(i)]) digest_ = (digest_ ^ static_cast<uint64_t>(i)) * 1099511628211ull;
+    if (in_core_[static_cast<size_t>(i)]) digest_ = fnv1a(digest_, static_cast<uint64_t>(i));
   signal_.zero_();
 }
 
@@ -85,8 +84,8 @@ std::vector<int64_t> SlimSync::explorer(int64_t round) const {
   uint64_t state = mix64(o_.seed ^ mix64(static_cast<uint64_t>(round) + 1));
   const double log_keep = std::log1p(-std::min(o_.explore, 1.0 - 1e-12));
   for (int64_t i = -1;;) {
-    const double u = (static_cast<double>(next(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-    const double gap = std::floor(std::log(u) / log_keep);                        // Geometric(β) failures
+    const double u = (static_cast<double>(splitmix64_next(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    const double gap = std::floor(std::log(u) / log_keep);  // Geometric(β) failures
     if (gap >= static_cast<double>(total_ - i - 1)) break;
     i += 1 + static_cast<int64_t>(gap);
     out.push_back(i);
@@ -158,8 +157,8 @@ void SlimSync::after_step(int64_t step) {
   at::NoGradGuard no_grad;
   const std::vector<int64_t> drawn = explorer(rounds_);
   const int64_t count = mark_selection(drawn, selected_);
-  for (int64_t i : drawn) digest_ = (digest_ ^ static_cast<uint64_t>(i)) * 1099511628211ull;
-  digest_ = (digest_ ^ static_cast<uint64_t>(count)) * 1099511628211ull;
+  for (int64_t i : drawn) digest_ = fnv1a(digest_, static_cast<uint64_t>(i));
+  digest_ = fnv1a(digest_, static_cast<uint64_t>(count));
   if (o_.wire_bytes() == 2)
     exchange(packed16_, count);
   else
@@ -233,10 +232,37 @@ SlimSync::Divergence SlimSync::divergence() {
   return out;
 }
 
-int64_t SlimSync::anchor_bytes() const {
+int64_t SlimSync::state_bytes() const {
   return static_cast<int64_t>(anchor_.nbytes() + signal_.nbytes() + in_core_.size() + selected_.size() +
                               packed_.capacity() * sizeof(float) +
                               packed16_.capacity() * sizeof(c10::BFloat16));
+}
+
+nlohmann::json SlimSync::state_json() const {
+  return {{"period", o_.period},
+          {"core", o_.core},
+          {"explore", o_.explore},
+          {"refresh", o_.refresh},
+          {"full_sync_every", o_.full_sync_every},
+          {"wire", o_.wire},
+          {"seed", o_.seed},
+          {"rounds", rounds_},
+          {"digest", selection_digest()}};
+}
+
+bool SlimSync::can_resume_from(const nlohmann::json& saved) const {
+  if (!saved.is_object()) return false;
+  nlohmann::json now = state_json();
+  now["rounds"] = saved.value("rounds", nlohmann::json());
+  now["digest"] = saved.value("digest", nlohmann::json());
+  return saved == now && now["rounds"].is_number_integer() && now["digest"].is_number_integer();
+}
+
+void SlimSync::resume_from(const nlohmann::json& saved, bool exact) {
+  if (exact)
+    resumed(saved.at("rounds").get<int64_t>(), saved.at("digest").get<int64_t>());
+  else
+    restart();
 }
 
 }  // namespace slimshard

@@ -1,12 +1,10 @@
-// progress.cpp — progress line and metrics writer (see progress.h).
+// progress.cpp — the progress line (see progress.h).
 #include "progress.h"
 
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-
-#include "slimshard/common.h"
+#include <algorithm>
+#include <cstdio>
 
 namespace slimshard {
 
@@ -54,22 +52,6 @@ void Progress::message(const std::string& line) {
 void Progress::finish() {
   if (enabled_ && live_) std::fprintf(stderr, "\n");
   live_ = false;
-}
-
-MetricsWriter::MetricsWriter(const std::string& path) {
-  f_ = std::fopen(path.c_str(), "w");
-  if (!f_) throw UsageError("--metrics " + path + ": cannot create (" + std::strerror(errno) + ")");
-}
-
-MetricsWriter::~MetricsWriter() {
-  if (f_) std::fclose(f_);
-}
-
-void MetricsWriter::write(const nlohmann::json& record) {
-  if (!f_) return;
-  std::string line = record.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), f_);
-  std::fflush(f_);
 }
 
 }  // namespace slimshard

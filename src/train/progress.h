@@ -1,8 +1,7 @@
-// progress.h — progress on stderr (one updating line on a terminal, plain periodic lines otherwise) and the
-// JSON Lines metrics writer. Private to src/train.
+// progress.h — progress on stderr: one updating line on a terminal, plain periodic lines otherwise. Private
+// to src/train.
 #pragma once
-#include <cstdio>
-#include <nlohmann/json.hpp>
+#include <cstdint>
 #include <string>
 
 namespace slimshard {
@@ -21,21 +20,6 @@ class Progress {
   bool enabled_, tty_;
   bool live_ = false;
   double ema_step_s_ = 0;
-};
-
-class MetricsWriter {
- public:
-  MetricsWriter() = default;
-  // Throws UsageError if the file cannot be created.
-  explicit MetricsWriter(const std::string& path);
-  ~MetricsWriter();
-  MetricsWriter(const MetricsWriter&) = delete;
-  MetricsWriter& operator=(const MetricsWriter&) = delete;
-  // One whole line per call, flushed, so a reader never sees half a record.
-  void write(const nlohmann::json& record);
-
- private:
-  FILE* f_ = nullptr;
 };
 
 std::string format_duration(double seconds);

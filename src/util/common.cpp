@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -91,6 +92,12 @@ std::string read_file(const std::string& path, const std::string& what) {
   ss << in.rdbuf();
   if (in.bad()) throw UsageError(what + " " + path + ": read error");
   return ss.str();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
 }
 
 std::string xml_escape(const std::string& s) {

@@ -1,4 +1,4 @@
-// test_ckpt.cpp — safetensors round trip (dtypes, metadata), corrupt and truncated files, model files.
+// test_safetensors.cpp — safetensors round trip (dtypes, metadata), corrupt and truncated files, model files.
 #include <gtest/gtest.h>
 
 #include "helpers.h"

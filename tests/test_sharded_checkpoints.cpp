@@ -1,4 +1,4 @@
-// test_checkpoint.cpp — sharded checkpoints under mpirun: an interrupted and resumed run equals the
+// test_sharded_checkpoints.cpp — sharded checkpoints under mpirun: an interrupted and resumed run equals the
 // uninterrupted one bit for bit (ddp, zero3); a checkpoint loads at another world size and plan (losses
 // within 1e-5); a killed rank ends the job and leaves the last complete checkpoint usable, a half-written one
 // ignored; corrupted, truncated, missing or mismatched checkpoints exit 2 naming the file or tensor, and
@@ -17,33 +17,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string mpirun(int n) {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -n " +
-         std::to_string(n) + " " + test::bin();
-}
+using test::mpirun;
+using CkptRun = test::TrainRun;
 
 const std::string kArgs =
     "--model gpt-tiny --data kjv --steps 20 --batch-size 8 --eval-every 0 --eval-rows 64";
 
-struct CkptRun {
-  int code = -1;
-  std::string output;
-  std::vector<double> losses;
-  SafeTensorsFile weights;
-};
-
 CkptRun train(int ranks, const std::string& args, const std::string& dir, const std::string& tag) {
-  const std::string m = dir + "/" + tag + ".jsonl", w = dir + "/" + tag + ".safetensors";
-  auto r =
-      test::run(mpirun(ranks) + " train " + kArgs + " " + args + " --metrics " + m + " --save-model " + w);
-  CkptRun out;
-  out.code = r.code, out.output = r.output;
-  if (r.code != 0) return out;
-  auto lines = test::read_jsonl(m);
-  lines.pop_back();
-  for (auto& l : lines) out.losses.push_back(l["loss"].get<double>());
-  if (fs::exists(w)) out.weights = load_safetensors(w);
-  return out;
+  return test::train(ranks, kArgs + " " + args, dir, tag, /*save_weights=*/true);
 }
 
 // The first `a.losses.size()` losses of `full`, then `b`'s, against `full`: exact or within `rel`.
@@ -58,15 +39,7 @@ void expect_continues(const CkptRun& full, const CkptRun& a, const CkptRun& b, d
     else
       EXPECT_NEAR(joined[i], full.losses[i], rel * full.losses[i]) << what << " step " << i + 1;
   }
-  ASSERT_EQ(full.weights.tensors.size(), b.weights.tensors.size());
-  for (size_t i = 0; i < full.weights.tensors.size(); ++i) {
-    const double d =
-        (full.weights.tensors[i].second - b.weights.tensors[i].second).abs().max().item<double>();
-    if (rel == 0)
-      EXPECT_EQ(d, 0.0) << what << ": " << full.weights.tensors[i].first;
-    else
-      EXPECT_LT(d, 1e-5) << what << ": " << full.weights.tensors[i].first;
-  }
+  test::expect_same_weights(full, b, what, rel == 0 ? 0.0 : 1e-5);
 }
 
 std::string file_bytes(const std::string& path) {

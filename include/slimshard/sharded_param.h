@@ -1,20 +1,18 @@
-// shard.h — ShardedParam: every learnable tensor of a model lives in one. It knows its logical name and
-// shape, its strategy, the slice of the flattened tensor this rank owns, its fp32 master and optimizer state,
-// and how to materialize() the full tensor for an op and release() it afterwards.
+// sharded_param.h — ShardedParam: every learnable tensor of a model lives in one. It knows its logical name
+// and shape, its strategy, the slice of the flattened tensor this rank owns, its fp32 master and optimizer
+// state, and how to materialize() the full tensor for an op and release() it afterwards. Also the strategies
+// and the predicates every other module asks of them (one definition of "replicated", "sharded", ...).
 #pragma once
 #include <ATen/core/Tensor.h>
 
-#include <deque>
+#include <cstdint>
 #include <functional>
 #include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
 namespace slimshard {
 
-class Communicator;
-class Work;
 class ShardedParam;
 
 // slim: replicated like ddp, but gradients stay local; Slim-DP (src/slim) synchronises the weights lightly.
@@ -22,6 +20,24 @@ enum class Strategy { ddp, zero1, zero2, zero3, slim };
 const char* strategy_name(Strategy s);
 // Throws UsageError naming `what` for anything but ddp|zero1|zero2|zero3|slim.
 Strategy parse_strategy(const std::string& s, const std::string& what);
+
+// Every rank holds the whole param, its whole gradient and optimizer state, and steps all of it (ddp, slim).
+constexpr bool is_replicated(Strategy s) { return s == Strategy::ddp || s == Strategy::slim; }
+// The optimizer state and the owned gradient are a 1/N slice (zero1, zero2, zero3).
+constexpr bool is_sharded(Strategy s) { return !is_replicated(s); }
+// The full gradient lives only until it is reduce-scattered, every micro-batch (zero2, zero3).
+constexpr bool frees_full_grad(Strategy s) { return s == Strategy::zero2 || s == Strategy::zero3; }
+// The full param exists only between materialize() and release() (zero3).
+constexpr bool gathers_on_use(Strategy s) { return s == Strategy::zero3; }
+// The full param stays resident and is all-gathered from the updated slices after each step (zero1, zero2).
+constexpr bool gathers_after_step(Strategy s) { return s == Strategy::zero1 || s == Strategy::zero2; }
+
+// Elements of a tensor of `numel` padded to a multiple of `world` (how sharded params are laid out).
+constexpr int64_t padded_numel(int64_t numel, int world) { return (numel + world - 1) / world * world; }
+// Elements of a tensor of `numel` this rank owns and steps under `s`: all of it, or its 1/N slice.
+constexpr int64_t owned_numel(Strategy s, int64_t numel, int world) {
+  return is_replicated(s) ? numel : padded_numel(numel, world) / world;
+}
 
 // Where a zero3 param's full value comes from when an op materializes it: the Prefetcher (gathers K ahead).
 class ParamGatherer {
@@ -75,8 +91,8 @@ class ShardedParam {
   at::Tensor take_full_grad_flat();
 
   // The flat fp32 slice this rank owns and updates, its gradient, and its optimizer state.
-  at::Tensor master() { return master_; }
-  at::Tensor grad() { return grad_; }
+  at::Tensor master() const { return master_; }
+  at::Tensor grad() const { return grad_; }
   std::map<std::string, at::Tensor>& optim_state() { return optim_state_; }
   void zero_grad();
   // zero1/zero2: the padded flat full param; master() is its owned slice (all-gathered in place after a
@@ -113,107 +129,6 @@ class ShardedParam {
   std::map<std::string, at::Tensor> optim_state_;
   std::function<void(ShardedParam&)> on_grad_ready_;
   ParamGatherer* gatherer_ = nullptr;
-};
-
-// Gathers zero3 params for the ops that materialize them. The order of materializations is recorded over the
-// first forward+backward; from then on, acquiring the i-th param also issues the all-gathers of the next
-// ones, so communication overlaps compute, with at most K+1 gathered buffers live (more only while one op
-// holds several params at once). The window never crosses the end of a pass: the weights change at the
-// optimizer step.
-class Prefetcher final : public ParamGatherer {
- public:
-  Prefetcher(Communicator& comm, int depth);
-  at::Tensor acquire(ShardedParam& p) override;
-  void release(ShardedParam& p) override;
-  // After each micro-batch's backward: the first call fixes the recorded order.
-  void end_pass();
-  // Off during evaluation and generation (a different order): gathers on demand, recording nothing.
-  void set_enabled(bool on) { enabled_ = on; }
-  int max_live() const { return max_live_; }
-  int64_t gathers() const { return gathers_; }
-
- private:
-  struct Gathered {
-    at::Tensor buf;
-    std::shared_ptr<Work> work;
-  };
-  void issue(size_t key, ShardedParam& p);
-  void fill(size_t limit);
-
-  Communicator& comm_;
-  int depth_;
-  bool enabled_ = true, recording_ = true, broken_ = false;
-  std::vector<ShardedParam*> trace_;
-  size_t pos_ = 0, issued_ = 0;
-  // Gathered buffers by trace position (a param appears twice per pass: forward and backward), or by an id
-  // above every position when gathered on demand; and the keys each param is using now.
-  std::map<size_t, Gathered> live_;
-  std::map<ShardedParam*, std::deque<size_t>> in_use_;
-  size_t next_adhoc_ = size_t(1) << 62;
-  int max_live_ = 0;
-  int64_t gathers_ = 0;
-};
-
-// Keeps a model's ShardedParams in step across ranks, each with its own strategy: identical initial weights
-// (rank 0's, broadcast), gradients averaged over ranks, updated shards gathered back.
-//   ddp   gradients in flat buckets (reverse creation order, the order backward produces them); a bucket's
-//         all-reduce goes out as soon as all its gradients exist, while backward goes on, buckets in the same
-//         order on every rank; nothing on non-final micro-batches.
-//   zero1 the full gradient accumulates over micro-batches and is reduce-scattered on the last one.
-//   zero2/zero3 each micro-batch's gradient is reduce-scattered as soon as it exists and then freed.
-//   zero1/zero2 updated shards are all-gathered in place after the optimizer step; zero3 gathers on use.
-class DataParallel {
- public:
-  struct Options {
-    int64_t bucket_bytes = 25 << 20;
-    int prefetch = 1;
-  };
-  // Params must not have been sharded yet; their strategies are given here (same order as `params`).
-  DataParallel(Communicator& comm, std::vector<ShardedParam*> params, const std::vector<Strategy>& strategies,
-               const Options& o);
-  ~DataParallel();
-  DataParallel(const DataParallel&) = delete;
-  DataParallel& operator=(const DataParallel&) = delete;
-
-  // Before micro-batch `index` of `count`'s backward.
-  void begin_backward(int64_t index, int64_t count);
-  // After each micro-batch's backward (prefetch bookkeeping); after the last one, waits for every reduction.
-  void end_backward(bool last);
-  // Sum of squared gradients over the whole model (for global-norm clipping), equal on every rank.
-  double grad_sq_sum();
-  // zero1/zero2: all-gathers the updated shards into the full params.
-  void after_optimizer_step();
-  // Evaluation and generation materialize in another order: no prefetch meanwhile.
-  void set_prefetch_enabled(bool on);
-
-  // Every param's full value (a collective: every rank must call); for saving and sampling.
-  std::vector<std::pair<std::string, at::Tensor>> full_values();
-  // Checksum of the replicated state (full params of ddp/zero1/zero2): equal on ranks that agree bit for bit.
-  int64_t replicated_checksum();
-
-  int num_buckets() const { return static_cast<int>(buckets_.size()); }
-  const Prefetcher* prefetcher() const { return prefetcher_.get(); }
-
- private:
-  struct Bucket {
-    at::Tensor flat;
-    std::vector<ShardedParam*> params;
-    int pending = 0;
-    std::shared_ptr<Work> work;
-  };
-  void on_grad_ready(ShardedParam& p);
-  void launch_ready_buckets();
-
-  Communicator& comm_;
-  std::vector<ShardedParam*> params_;
-  std::vector<Bucket> buckets_;
-  std::map<const ShardedParam*, int> bucket_of_;
-  std::map<const ShardedParam*, bool> produced_;
-  std::unique_ptr<Prefetcher> prefetcher_;
-  std::deque<std::shared_ptr<Work>> scatters_;  // zero reduce-scatters in flight, oldest first
-  int64_t micro_index_ = 0, micro_count_ = 1;
-  bool any_sharded_ = false;
-  int next_launch_ = 0;
 };
 
 }  // namespace slimshard

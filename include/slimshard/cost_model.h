@@ -1,0 +1,90 @@
+// cost_model.h — time and memory of every op under every choice (strategy × splits) at a micro-batch, from a
+// measured profile or an analytic device spec (ClusterSpec, for clusters we cannot run on). Additive over
+// ops — each op's communication overlaps its own compute — so that the search can be exact.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "slimshard/memory_estimate.h"
+#include "slimshard/plan.h"
+#include "slimshard/profile.h"
+
+namespace slimshard {
+
+// Analytic device spec.
+struct ClusterSpec {
+  std::string name;
+  int devices = 1, devices_per_node = 1;
+  int64_t memory_bytes = 0;
+  double peak_flops = 0, achievable_fraction = 0.5;
+  double memory_bandwidth = 1e12;                 // bytes/s, for memory-bound ops and the optimizer
+  double intra_bandwidth = 0, intra_latency = 0;  // bytes/s, s
+  double inter_bandwidth = 0, inter_latency = 0;
+  double overlap_slowdown = 1.1;
+  int activation_bytes_per_element = 2;  // 2 for fp16/bf16 activations on GPUs
+};
+ClusterSpec load_cluster(const std::string& path);
+
+struct ChoiceCost {
+  OpChoice choice;
+  double time_ms = 0;  // this op's share of a step: compute, exposed communication, optimizer
+  ChoiceMemory mem;
+  int64_t transient_bytes = 0;
+};
+
+struct PlanCost {
+  int64_t micro_batch = 0, accum = 1;
+  double step_ms = 0, samples_per_s = 0, tokens_per_s = 0;
+  int64_t peak_bytes = 0, persistent_bytes = 0, activation_bytes = 0, transient_bytes = 0;
+  std::vector<ChoiceCost> per_op;  // model order
+};
+
+// What the cost model knows of the run: world, global batch, prefetch, optimizer, buckets, Slim-DP.
+struct CostOptions {
+  int world = 1;
+  int64_t global_batch = 8;
+  int prefetch = 1;
+  int optim_states = 2;
+  int64_t bucket_bytes = 25 << 20;
+  bool allow_splits = true;
+  // Slim-DP as a choice (plan --allow-slim): the fraction of elements a round exchanges, α + β(1 − α), the
+  // bytes each travels in (4 fp32, 2 bf16), and τ.
+  bool allow_slim = false;
+  double slim_fraction = 0.325;
+  double slim_wire_bytes = 4;
+  int slim_period = 1;
+};
+
+class CostModel {
+ public:
+  static CostModel from_profile(const Profile& p, const CostOptions& o);
+  static CostModel from_cluster(const ClusterSpec& c, const ModelConfig& model, const CostOptions& o,
+                                const std::vector<int64_t>& micro_batches);
+  const CostOptions& options() const { return o_; }
+  const ModelConfig& model() const { return model_; }
+  const std::vector<OpProfile>& ops() const { return ops_; }
+  // Micro-batches the search may pick: measured or candidate sizes that divide the per-rank batch.
+  std::vector<int64_t> micro_batches() const;
+  std::vector<OpChoice> candidates(size_t op) const;
+  ChoiceCost cost(size_t op, OpChoice c, int64_t micro) const;
+  int64_t activation_bytes(int64_t micro) const;
+  double fixed_ms(int64_t micro) const;  // per step, independent of choices (loss, optimizer-free parts)
+  PlanCost evaluate(const std::map<std::string, OpChoice>& choices, int64_t micro) const;
+  std::string source() const { return source_; }
+
+ private:
+  CostOptions o_;
+  ModelConfig model_;
+  std::vector<OpProfile> ops_;
+  std::map<int64_t, double> loss_fwd_, loss_bwd_;
+  std::map<int64_t, int64_t> loss_act_, bwd_extra_;
+  std::map<std::string, CollectiveFit> coll_;
+  double overlap_ = 1, opt_ns_ = 0, coll_overhead_ = 0;
+  std::string source_;
+  double interp(const std::map<int64_t, double>& m, int64_t b) const;
+  int64_t interp_bytes(const std::map<int64_t, int64_t>& m, int64_t b) const;
+};
+
+}  // namespace slimshard

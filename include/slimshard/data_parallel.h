@@ -1,0 +1,87 @@
+// data_parallel.h — DataParallel: keeps a model's ShardedParams in step across ranks, each with its own
+// strategy (rank 0's initial weights broadcast, gradients averaged by all-reduce or reduce-scatter, updated
+// shards gathered back), and owns zero3's prefetcher.
+#pragma once
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "slimshard/sharded_param.h"
+
+namespace slimshard {
+
+class Communicator;
+class Work;
+class Prefetcher;
+
+// Keeps a model's ShardedParams in step across ranks, each with its own strategy: identical initial weights
+// (rank 0's, broadcast), gradients averaged over ranks, updated shards gathered back.
+//   ddp   gradients in flat buckets (reverse creation order, the order backward produces them); a bucket's
+//         all-reduce goes out as soon as all its gradients exist, while backward goes on, buckets in the same
+//         order on every rank; nothing on non-final micro-batches.
+//   zero1 the full gradient accumulates over micro-batches and is reduce-scattered on the last one.
+//   zero2/zero3 each micro-batch's gradient is reduce-scattered as soon as it exists and then freed.
+//   zero1/zero2 updated shards are all-gathered in place after the optimizer step; zero3 gathers on use.
+class DataParallel {
+ public:
+  struct Options {
+    int64_t bucket_bytes = 25 << 20;
+    int prefetch = 1;
+  };
+  // Params must not have been sharded yet; their strategies are given here (same order as `params`).
+  DataParallel(Communicator& comm, std::vector<ShardedParam*> params, const std::vector<Strategy>& strategies,
+               const Options& o);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Before micro-batch `index` of `count`'s backward.
+  void begin_backward(int64_t index, int64_t count);
+  // After each micro-batch's backward (prefetch bookkeeping); after the last one, waits for every reduction.
+  void end_backward(bool last);
+  // Sum of squared gradients over the whole model (for global-norm clipping), equal on every rank.
+  double grad_sq_sum();
+  // zero1/zero2: all-gathers the updated shards into the full params.
+  void after_optimizer_step();
+  // Evaluation and generation materialize in another order: no prefetch meanwhile.
+  void set_prefetch_enabled(bool on);
+
+  // Every param's full value (a collective: every rank must call); for saving and sampling.
+  std::vector<std::pair<std::string, at::Tensor>> full_values();
+  // Checksum of the replicated state (full params of ddp/zero1/zero2): equal on ranks that agree bit for bit.
+  int64_t replicated_checksum();
+
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // zero3's gathers: depth, the most gathered buffers live at once, gathers issued, and the largest buffer.
+  struct PrefetchStats {
+    int depth = 0, max_live = 0;
+    int64_t gathers = 0, largest_buffer_bytes = 0;
+  };
+  PrefetchStats prefetch_stats() const;
+
+ private:
+  struct Bucket {
+    at::Tensor flat;
+    std::vector<ShardedParam*> params;
+    int pending = 0;
+    std::shared_ptr<Work> work;
+  };
+  void on_grad_ready(ShardedParam& p);
+  void launch_ready_buckets();
+
+  Communicator& comm_;
+  std::vector<ShardedParam*> params_;
+  std::vector<Bucket> buckets_;
+  std::map<const ShardedParam*, int> bucket_of_;
+  std::map<const ShardedParam*, bool> produced_;
+  std::unique_ptr<Prefetcher> prefetcher_;
+  std::deque<std::shared_ptr<Work>> scatters_;  // zero reduce-scatters in flight, oldest first
+  int64_t micro_index_ = 0, micro_count_ = 1;
+  bool any_sharded_ = false;
+  int next_launch_ = 0;
+};
+
+}  // namespace slimshard

@@ -1,0 +1,87 @@
+// profile.h — what the cost model is fitted to, measured on the real hardware under mpirun: per-op forward
+// and backward time and activation bytes at each micro-batch, a latency + bandwidth fit per collective at
+// this world size, how much compute slows while communication runs, the optimizer's time per element, and the
+// calibration of all that against whole training steps. Profiles are files: read back with every field
+// checked (problems name the file and the field).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "slimshard/plan.h"
+
+namespace slimshard {
+
+class Communicator;
+
+struct CollectiveFit {
+  double alpha_ms = 0, beta_ms_per_byte = 0;
+  double residual = 0;                            // RMS relative error of the fit over the measured points
+  std::vector<std::pair<double, double>> points;  // (bytes of the full tensor, median ms)
+  double ms(double bytes) const { return alpha_ms + beta_ms_per_byte * bytes; }
+};
+
+struct OpProfile : OpShape {
+  // Per micro-batch: time from the previous op's end to this op's end, forward and backward.
+  std::map<int64_t, double> fwd_ms, bwd_ms;
+  std::map<int64_t, int64_t> act_bytes;  // per micro-batch: what the op (and the code before it) keeps live
+};
+// Ops with no measurements yet (what a profile or an analytic cost model starts from).
+std::vector<OpProfile> unmeasured(const std::vector<OpShape>& shapes);
+
+struct Profile {
+  nlohmann::json machine;
+  int world = 1, threads = 1;
+  std::string libtorch, date;
+  ModelConfig model;
+  std::vector<int64_t> micro_batches;
+  std::vector<OpProfile> ops;                          // model order
+  std::map<int64_t, double> loss_fwd_ms, loss_bwd_ms;  // after the last op: loss; backward's tail
+  std::map<int64_t, int64_t> loss_act_bytes, backward_extra_bytes;
+  std::map<std::string, CollectiveFit> collectives;  // all_gather, reduce_scatter, all_reduce
+  double overlap_slowdown = 1;        // compute time while communication runs / compute time alone
+  double collective_overhead_ms = 0;  // latency of a zero3 gather waited for among busy threads (fitted)
+  nlohmann::json measured_steps;      // the real steps that latency was fitted to
+  double optimizer_ns_per_element = 0;
+  double reduce_ns_per_byte = 0;  // the comm thread's own work per byte reduced (for scaling to other worlds)
+};
+
+struct ProfileOptions {
+  int warmup = 2, repeats = 5;
+  int64_t max_collective_bytes = 32 << 20;
+};
+
+// The micro-batches worth profiling for a per-rank batch of `local` rows: up to four of its divisors, the
+// largest and then halving, in increasing order (what `train --strategy osdp` and `bench` profile).
+std::vector<int64_t> profile_micro_batches(int64_t local);
+
+// Measures ops, collectives, overlap and the optimizer (not yet calibrated). Every rank of `comm` must call
+// it (collectives are timed); per-op times are rank 0's.
+Profile measure_profile(const ModelConfig& model, const std::vector<int64_t>& micro_batches,
+                        Communicator& comm, const ProfileOptions& o, uint64_t seed);
+// Measured whole training steps (median ms), one strategy everywhere: DDP at every micro-batch, zero3 at the
+// largest (when the world is larger than one).
+struct MeasuredSteps {
+  std::map<int64_t, double> ddp_ms;
+  double zero3_ms = 0;
+};
+// Calibration against real steps. (1) Op times measured in isolation run a little faster than inside a whole
+// step, and by how much depends on the micro-batch: each micro-batch's op times are scaled so that the
+// model's DDP step equals the measured one. (2) What a zero3 step costs beyond the model, per gather, is the
+// latency of a gather waited for among busy threads.
+void calibrate_profile(Profile& p, const MeasuredSteps& steps);
+
+nlohmann::json profile_to_json(const Profile& p);
+// Checks every field; problems -> UsageError naming `what` and the field.
+Profile profile_from_json(const nlohmann::json& j, const std::string& what);
+Profile load_profile(const std::string& path);
+// The same profile for another world size: collective fits re-derived by the ring model from the measured
+// bandwidth and latency (what `plan --scale-profile` does).
+Profile scale_profile(const Profile& p, int world);
+// What `slimshard profile` prints: forward/backward per micro-batch, the collective fits, overlap, optimizer.
+void print_profile(const Profile& p);
+
+}  // namespace slimshard

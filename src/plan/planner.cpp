@@ -1,0 +1,164 @@
+// planner.cpp — planning for one training run (see planner.h): the run's plan and micro-batch, its memory
+// estimate, its cost model and prediction, `slimshard plan`'s search, and osdp's plan found on rank 0.
+#include "slimshard/planner.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "slimshard/comm.h"
+#include "slimshard/common.h"
+
+namespace slimshard {
+
+int64_t per_rank_batch(const RunSpec& spec) {
+  if (spec.cost.global_batch % spec.world() != 0)
+    throw UsageError("--batch-size " + std::to_string(spec.cost.global_batch) + " is not divisible by the " +
+                     std::to_string(spec.world()) + " ranks");
+  return spec.cost.global_batch / spec.world();
+}
+
+Plan plan_of(const RunSpec& spec) {
+  per_rank_batch(spec);
+  Plan plan = spec.plan_file.empty() ? uniform_plan(parse_strategy(spec.strategy, "--strategy"))
+                                     : load_plan(spec.plan_file);
+  if (plan.world != 0 && plan.world != spec.world())
+    throw UsageError("--plan " + spec.plan_file + ": made for " + std::to_string(plan.world) +
+                     " ranks, this run has " + std::to_string(spec.world()));
+  return plan;
+}
+
+int64_t micro_batch_of(const RunSpec& spec, const Plan& plan) {
+  const int64_t local = per_rank_batch(spec);
+  const int64_t micro = spec.micro_batch > 0   ? spec.micro_batch
+                        : plan.micro_batch > 0 ? plan.micro_batch
+                                               : local;
+  if (micro <= 0 || local % micro != 0)
+    throw UsageError("--micro-batch " + std::to_string(micro) + " does not divide the per-rank batch of " +
+                     std::to_string(local) + " rows");
+  return micro;
+}
+
+MemoryEstimate estimate_for(const RunSpec& spec, ActivationProfile* probe_cache) {
+  const Plan plan = plan_of(spec);
+  const int64_t micro = micro_batch_of(spec, plan);
+  const std::vector<OpShape> ops = op_shapes(spec.model);
+  const auto choices = resolve_plan(plan, ops);
+  ActivationProfile local;
+  ActivationProfile& act = probe_cache ? *probe_cache : local;
+  if (act.micro_batch != micro) act = probe_activations(spec.model, micro, spec.seed);
+  return estimate_memory(ops, choices, spec.world(), spec.cost.prefetch, spec.cost.optim_states, act);
+}
+
+CostModel cost_model_for(const RunSpec& spec, const CostSource& source) {
+  if (source.profile.empty() == source.cluster.empty())
+    throw UsageError("give one of --profile or --cluster");
+  if (!source.profile.empty()) {
+    Profile p = load_profile(source.profile);
+    if (source.scale_profile) p = scale_profile(p, spec.world());
+    return CostModel::from_profile(p, spec.cost);
+  }
+  return CostModel::from_cluster(load_cluster(source.cluster), spec.model, spec.cost, source.micro_batches);
+}
+
+SearchResult predicted_for(const CostModel& m, const RunSpec& spec) {
+  SearchOptions search;
+  search.mem_limit = spec.mem_limit;
+  if (spec.strategy == "osdp" && spec.plan_file.empty()) return search_plan(m, search);
+  const Plan plan = plan_of(spec);
+  SearchResult r;
+  r.choices = resolve_plan(plan, op_shapes(spec.model));
+  r.cost = m.evaluate(r.choices, micro_batch_of(spec, plan));
+  r.fits = spec.mem_limit <= 0 || r.cost.peak_bytes <= spec.mem_limit;
+  return r;
+}
+
+PlanReport plan_offline(RunSpec spec, const CostSource& source) {
+  if (!source.profile.empty() && spec.cost.world == 0) spec.cost.world = load_profile(source.profile).world;
+  if (!source.cluster.empty()) {
+    const ClusterSpec c = load_cluster(source.cluster);
+    if (spec.cost.world == 0) spec.cost.world = c.devices;
+    if (spec.mem_limit == 0) spec.mem_limit = c.memory_bytes;
+  }
+  if (spec.cost.world == 0) spec.cost.world = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  PlanReport report{spec, cost_model_for(spec, source), {}, {}, 0};
+  SearchOptions search;
+  search.mem_limit = spec.mem_limit;
+  report.result = search_plan(report.model, search);
+  report.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report.baselines = baselines(report.model, search);
+  return report;
+}
+
+namespace {
+
+// Rank 0's part of plan_for_run: the plan as JSON text.
+std::string search_on_rank0(const RunSpec& spec, const Profile* measured, const std::string& profile_path,
+                            bool table) {
+  const Profile p = measured ? *measured : load_profile(profile_path);
+  const std::string what = measured ? "osdp profile" : "--profile " + profile_path;
+  if (!(p.model.to_json() == spec.model.to_json()))
+    throw UsageError(what + ": made for " + p.model.describe() + ", not " + spec.model.describe());
+  const CostModel m = CostModel::from_profile(p, spec.cost);
+  SearchOptions search;
+  search.mem_limit = spec.mem_limit;
+  const SearchResult r = search_plan(m, search);
+  if (!r.fits)
+    throw UsageError("--strategy osdp --mem-limit " + format_mib(static_cast<double>(spec.mem_limit)) +
+                     " MiB: " + r.explanation);
+  std::printf("osdp plan (costs from %s):\n", m.source().c_str());
+  print_plan(m, r, baselines(m, search), spec.mem_limit, table);
+  std::fflush(stdout);
+  return plan_to_json(m, r).dump();
+}
+
+}  // namespace
+
+Plan plan_for_run(const RunSpec& spec, const Profile* measured, const std::string& profile_path,
+                  Communicator& comm, bool table) {
+  std::string plan_text, error;
+  if (comm.rank() == 0) {
+    try {
+      plan_text = search_on_rank0(spec, measured, profile_path, table);
+    } catch (const UsageError& e) {
+      error = e.what();
+    }
+  }
+  error = broadcast_string(comm, error, 0);
+  if (!error.empty()) throw UsageError(error);
+  return parse_plan(broadcast_string(comm, plan_text, 0), "osdp plan");
+}
+
+void print_plan(const CostModel& m, const SearchResult& r,
+                const std::vector<std::pair<std::string, SearchResult>>& base, int64_t mem_limit,
+                bool table) {
+  auto mib = [](int64_t b) { return format_mib(static_cast<double>(b)); };
+  const PlanCost& c = r.cost;
+  if (table) {
+    std::printf("%-24s %11s %-10s %14s %13s %9s\n", "op", "params", "choice", "persistent MiB",
+                "transient MiB", "time ms");
+    for (size_t i = 0; i < m.ops().size(); ++i) {
+      const ChoiceCost& cc = c.per_op[i];
+      int64_t params = 0;
+      for (int64_t n : m.ops()[i].param_numels) params += n;
+      const std::string choice = std::string(strategy_name(cc.choice.strategy)) +
+                                 (cc.choice.splits > 1 ? " x" + std::to_string(cc.choice.splits) : "");
+      std::printf("%-24s %11lld %-10s %14s %13s %9.2f\n", m.ops()[i].name.c_str(), (long long)params,
+                  choice.c_str(), mib(cc.mem.persistent()).c_str(), mib(cc.transient_bytes).c_str(),
+                  cc.time_ms);
+    }
+  }
+  std::printf(
+      "plan: micro-batch %lld x %lld per step; predicted peak %s MiB per rank (persistent %s + activations "
+      "%s + transient %s)%s; step %.1f ms, %.1f samples/s, %.0f tokens/s\n",
+      (long long)c.micro_batch, (long long)c.accum, mib(c.peak_bytes).c_str(),
+      mib(c.persistent_bytes).c_str(), mib(c.activation_bytes).c_str(), mib(c.transient_bytes).c_str(),
+      mem_limit > 0 ? (" of " + mib(mem_limit) + " allowed").c_str() : "", c.step_ms, c.samples_per_s,
+      c.tokens_per_s);
+  for (const auto& [name, b] : base)
+    std::printf("  %-18s peak %8s MiB, step %9.1f ms, %8.0f tokens/s%s\n", (name + " everywhere:").c_str(),
+                mib(b.cost.peak_bytes).c_str(), b.cost.step_ms, b.cost.tokens_per_s,
+                b.fits ? "" : "   does not fit");
+}
+
+}  // namespace slimshard

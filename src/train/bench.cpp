@@ -1,0 +1,168 @@
+// bench.cpp — one mpirun job per strategy or plan, the cost model's predictions and the memory estimate
+// beside the measurements (see bench.h).
+#include "slimshard/bench.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "slimshard/common.h"
+#include "slimshard/train.h"
+
+namespace slimshard {
+namespace {
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string joined(const std::vector<std::string>& args) {
+  std::string out;
+  for (const auto& a : args) out += " " + shell_quote(a);
+  return out;
+}
+
+bool is_plan_file(const std::string& e) { return e.size() >= 5 && e.substr(e.size() - 5) == ".json"; }
+
+struct RunResult {
+  int code = -1;
+  std::string output;
+};
+
+RunResult run_command(const std::string& cmd, const std::string& log) {
+  RunResult r;
+  const int status = std::system((cmd + " > " + shell_quote(log) + " 2>&1").c_str());
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.output = ss.str();
+  return r;
+}
+
+// The run's own error line (not the launcher's banners).
+std::string last_error_line(const std::string& out) {
+  std::istringstream in(out);
+  std::string line, found;
+  while (std::getline(in, line))
+    if (line.find("slimshard: error: ") != std::string::npos ||
+        line.find("] watchdog: ") != std::string::npos)
+      found = line;
+  return found;
+}
+
+std::string launch(const BenchOptions& o) {
+  return o.launcher + " -n " + std::to_string(o.base.world()) + " " + shell_quote(o.self);
+}
+
+// The profile the predictions come from: given, or taken now at the micro-batches osdp would profile.
+std::string profile_for(const BenchOptions& o, const std::string& dir) {
+  if (!o.profile.empty()) return o.profile;
+  std::string micro;
+  for (int64_t b : profile_micro_batches(per_rank_batch(o.base)))
+    micro += (micro.empty() ? "" : ",") + std::to_string(b);
+  const std::string path = dir + "/profile.json";
+  std::fprintf(stderr, "bench: profiling (micro-batches %s) ...\n", micro.c_str());
+  const RunResult pr = run_command(launch(o) + " profile" + joined(o.model_args) + " --micro-batch " + micro +
+                                       " --out " + shell_quote(path),
+                                   dir + "/profile.log");
+  if (pr.code != 0) throw RuntimeError("bench: profiling failed: " + last_error_line(pr.output));
+  return path;
+}
+
+// One entry: its predictions, then its own training job.
+nlohmann::json bench_entry(const BenchOptions& o, const CostModel& cost, const std::string& e,
+                           const std::string& profile, const std::string& run_prefix,
+                           ActivationProfile& probe) {
+  RunSpec spec = o.base;
+  spec.strategy = is_plan_file(e) ? "ddp" : e;
+  spec.plan_file = is_plan_file(e) ? e : "";
+  const SearchResult predicted = predicted_for(cost, spec);
+  const int64_t estimate = e == "osdp" ? predicted.cost.peak_bytes : estimate_for(spec, &probe).peak;
+  const std::string what = is_plan_file(e) ? " --plan " + shell_quote(e)
+                           : e == "osdp"   ? " --strategy osdp --profile " + shell_quote(profile)
+                                           : " --strategy " + e;
+  const std::string metrics = run_prefix + ".jsonl";
+  std::fprintf(stderr, "bench: %s ...\n", e.c_str());
+  const RunResult r =
+      run_command(launch(o) + " train" + joined(o.train_args) + what + " --metrics " + shell_quote(metrics),
+                  run_prefix + ".log");
+  nlohmann::json row{{"strategy", e},
+                     {"estimated_peak_bytes", estimate},
+                     {"predicted_step_ms", predicted.cost.step_ms},
+                     {"predicted_peak_bytes", predicted.cost.peak_bytes},
+                     {"oom", false}};
+  const nlohmann::json s = r.code == 0 ? metrics_summary(metrics) : nlohmann::json::object();
+  if (r.code == 0 && !s.empty()) {
+    row["tokens_per_s"] = s.contains("tokens_per_s") ? s["tokens_per_s"] : s["samples_per_s"];
+    row["step_ms"] = s["step_ms"];
+    row["peak_bytes"] = s["peak_bytes"];
+    row["comm_bytes_per_step"] = s["comm_bytes_per_step"];
+  } else {
+    row["oom"] = r.output.find("memory limit exceeded") != std::string::npos;
+    row["error"] = r.code == 0 ? "no summary in " + metrics : last_error_line(r.output);
+    row["exit_code"] = r.code;
+  }
+  return row;
+}
+
+}  // namespace
+
+void check_bench_entries(const std::vector<std::string>& entries) {
+  if (entries.empty()) throw UsageError("--strategies: empty list");
+  for (const auto& e : entries)
+    if (!is_plan_file(e) && e != "osdp") parse_strategy(e, "--strategies");
+}
+
+nlohmann::json run_bench(const BenchOptions& o) {
+  check_bench_entries(o.entries);
+  per_rank_batch(o.base);
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("slimshard-bench-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  nlohmann::json results = nlohmann::json::array();
+  try {
+    const std::string profile = profile_for(o, dir);
+    const CostModel cost = CostModel::from_profile(load_profile(profile), o.base.cost);
+    ActivationProfile probe;
+    for (size_t i = 0; i < o.entries.size(); ++i)
+      results.push_back(bench_entry(o, cost, o.entries[i], profile, dir + "/run" + std::to_string(i), probe));
+  } catch (...) {
+    std::filesystem::remove_all(dir);
+    throw;
+  }
+  std::filesystem::remove_all(dir);
+  return results;
+}
+
+void print_bench(const nlohmann::json& results) {
+  auto mib = [](const nlohmann::json& v) { return format_mib(v.get<double>()); };
+  std::printf("%-18s %9s %9s %9s %10s %10s %10s %9s\n", "strategy", "tokens/s", "step ms", "predicted",
+              "peak MiB", "predicted", "estimate", "comm MiB");
+  for (const auto& row : results) {
+    const std::string name = row["strategy"].get<std::string>();
+    const double pred_ms = row["predicted_step_ms"].get<double>();
+    if (row.contains("tokens_per_s")) {
+      std::printf("%-18s %9.0f %9.1f %9.1f %10s %10s %10s %9s\n", name.c_str(),
+                  row["tokens_per_s"].get<double>(), row["step_ms"].get<double>(), pred_ms,
+                  mib(row["peak_bytes"]).c_str(), mib(row["predicted_peak_bytes"]).c_str(),
+                  mib(row["estimated_peak_bytes"]).c_str(), mib(row["comm_bytes_per_step"]).c_str());
+    } else {
+      std::printf("%-18s %9s %9s %9.1f %10s %10s %10s %9s   %s\n", name.c_str(),
+                  row["oom"].get<bool>() ? "OOM" : "FAILED", "-", pred_ms, "-",
+                  mib(row["predicted_peak_bytes"]).c_str(), mib(row["estimated_peak_bytes"]).c_str(), "-",
+                  row["error"].get<std::string>().c_str());
+    }
+  }
+  std::printf(
+      "step ms, peak MiB: measured. predicted: the OSDP cost model (from the profile). estimate: "
+      "`slimshard memory`.\n");
+}
+
+}  // namespace slimshard

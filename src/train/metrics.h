@@ -1,0 +1,25 @@
+// metrics.h — the JSON Lines metrics file a run writes (`--metrics`): one object per step, the summary last.
+// Private to src/train; reading it back (curves, the summary) is in train.h.
+#pragma once
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace slimshard {
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  // Throws UsageError if the file cannot be created.
+  explicit MetricsWriter(const std::string& path);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  // One whole line per call, flushed, so a reader never sees half a record.
+  void write(const nlohmann::json& record);
+
+ private:
+  FILE* f_ = nullptr;
+};
+
+}  // namespace slimshard

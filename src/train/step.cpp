@@ -1,0 +1,74 @@
+// step.cpp — one optimizer step of data-parallel training (see step.h).
+#include "step.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "slimshard/comm.h"
+#include "slimshard/data_parallel.h"
+#include "slimshard/memory.h"
+#include "slimshard/nn.h"
+#include "slimshard/optim.h"
+#include "slimshard/slim.h"
+
+namespace slimshard {
+
+TrainStep::TrainStep(Communicator& comm, Model& model, DataParallel& dp, Optimizer& optim, SlimSync* slim)
+    : comm_(comm), model_(model), dp_(dp), optim_(optim), slim_(slim), params_(model.params().all()) {}
+
+StepResult TrainStep::run(int64_t step, int64_t accum, const std::function<Batch(int64_t)>& batch, double lr,
+                          double clip) {
+  StepResult r;
+  auto lap = std::chrono::steady_clock::now();
+  auto split = [&lap](double& into) {
+    const auto now = std::chrono::steady_clock::now();
+    into += std::chrono::duration<double, std::milli>(now - lap).count();
+    lap = now;
+  };
+  for (ShardedParam* p : params_) p->zero_grad();
+  double loss_sum = 0;
+  for (int64_t m = 0; m < accum; ++m) {
+    Batch b = batch(m);
+    split(r.times.data);
+    at::Tensor loss;
+    {
+      memory::PhaseScope phase(memory::Phase::forward);
+      loss = model_.loss(b.x, b.y);
+    }
+    split(r.times.forward);
+    {
+      memory::PhaseScope phase(memory::Phase::backward);
+      dp_.begin_backward(m, accum);
+      // Each micro-batch's mean is scaled by 1/accum so that the sum is the mean over the rank's slice.
+      (accum > 1 ? loss / static_cast<double>(accum) : loss).backward();
+    }
+    loss_sum += loss.item<double>();
+    split(r.times.backward);
+    if (m < accum - 1) dp_.end_backward(/*last=*/false);
+  }
+  {
+    memory::PhaseScope phase(memory::Phase::comm);
+    dp_.end_backward(/*last=*/true);
+  }
+  split(r.times.comm_wait);
+  // The loss reported is the mean over the global batch: every rank's mean, averaged.
+  at::Tensor mean_loss = at::full({1}, loss_sum / static_cast<double>(accum), at::kDouble);
+  WorkPtr loss_work = comm_.all_reduce(mean_loss, ReduceOp::avg);
+  {
+    memory::PhaseScope phase(memory::Phase::optimizer);
+    r.grad_norm = std::sqrt(dp_.grad_sq_sum());
+    if (clip > 0 && r.grad_norm > clip) scale_grads(params_, clip / (r.grad_norm + 1e-6));
+    optim_.step(params_, lr);
+  }
+  {
+    memory::PhaseScope phase(memory::Phase::comm);
+    dp_.after_optimizer_step();
+    if (slim_) slim_->after_step(step);
+  }
+  loss_work->wait();
+  split(r.times.optimizer);
+  r.loss = mean_loss.item<double>();
+  return r;
+}
+
+}  // namespace slimshard
