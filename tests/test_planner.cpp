@@ -28,6 +28,7 @@ Profile synthetic_profile(const ModelConfig& cfg, int world, unsigned seed) {
   p.model = cfg;
   p.micro_batches = {1, 2, 4};
   p.ops = unmeasured(op_shapes(cfg));
+  std::map<int64_t, int64_t> kept;  // activations so far, per micro-batch
   for (OpProfile& op : p.ops)
     for (int64_t b : p.micro_batches) {
       int64_t n = 0;
@@ -35,10 +36,15 @@ Profile synthetic_profile(const ModelConfig& cfg, int world, unsigned seed) {
       op.fwd_ms[b] = 1e-5 * static_cast<double>(n) * static_cast<double>(b) * u(rng);
       op.bwd_ms[b] = 2 * op.fwd_ms[b] * u(rng);
       op.act_bytes[b] = static_cast<int64_t>(2e5 * static_cast<double>(b) * u(rng));
+      // A timeline that grows in forward and shrinks in backward, with scratch on top in each span.
+      const int64_t before = kept[b], after = kept[b] += op.act_bytes[b];
+      const auto scratch = [&] { return static_cast<int64_t>(5e4 * static_cast<double>(b) * u(rng)); };
+      op.act_moments[b] =
+          OpMoments{before + scratch(), after + scratch(), after + scratch(), after + scratch()};
     }
   for (int64_t b : p.micro_batches)
     p.loss_fwd_ms[b] = 0.1 * static_cast<double>(b), p.loss_bwd_ms[b] = 0.05, p.loss_act_bytes[b] = 1000 * b,
-    p.backward_extra_bytes[b] = 5000 * b;
+    p.backward_extra_bytes[b] = 5000 * b, p.loss_peak_bytes[b] = kept[b] + 1000 * b;
   for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"}) {
     CollectiveFit f;
     f.alpha_ms = 0.02 * u(rng);

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "slimshard/memory_estimate.h"
@@ -30,14 +32,19 @@ ClusterSpec load_cluster(const std::string& path);
 struct ChoiceCost {
   OpChoice choice;
   double time_ms = 0;  // this op's share of a step: compute, exposed communication, optimizer
-  ChoiceMemory mem;
-  int64_t transient_bytes = 0;
+  ChoiceMemory mem;    // persistent
+  // While the op runs, its neighbours taking the same strategy (transients_in_uniform_neighbourhood): the
+  // most transient bytes, and the most activations + transients at any of its moments — what the search
+  // charges.
+  int64_t transient_bytes = 0, load_bytes = 0;
 };
 
 struct PlanCost {
   int64_t micro_batch = 0, accum = 1;
   double step_ms = 0, samples_per_s = 0, tokens_per_s = 0;
+  // The peak and its parts at the moment it falls at (memory_estimate.h: peak_of).
   int64_t peak_bytes = 0, persistent_bytes = 0, activation_bytes = 0, transient_bytes = 0;
+  std::string peak_at;
   std::vector<ChoiceCost> per_op;  // model order
 };
 
@@ -69,7 +76,8 @@ class CostModel {
   std::vector<int64_t> micro_batches() const;
   std::vector<OpChoice> candidates(size_t op) const;
   ChoiceCost cost(size_t op, OpChoice c, int64_t micro) const;
-  int64_t activation_bytes(int64_t micro) const;
+  // The activations at every moment of a step at this micro-batch (interpolated between measured ones).
+  ActivationMoments activations(int64_t micro) const;
   double fixed_ms(int64_t micro) const;  // per step, independent of choices (loss, optimizer-free parts)
   PlanCost evaluate(const std::map<std::string, OpChoice>& choices, int64_t micro) const;
   std::string source() const { return source_; }
@@ -78,11 +86,16 @@ class CostModel {
   CostOptions o_;
   ModelConfig model_;
   std::vector<OpProfile> ops_;
+  std::vector<OpShape> shapes_;  // ops_ as shapes, for the memory simulation
   std::map<int64_t, double> loss_fwd_, loss_bwd_;
-  std::map<int64_t, int64_t> loss_act_, bwd_extra_;
+  std::map<int64_t, int64_t> loss_act_, bwd_extra_, loss_peak_;
   std::map<std::string, CollectiveFit> coll_;
   double overlap_ = 1, opt_ns_ = 0, coll_overhead_ = 0;
   std::string source_;
+  // Op i's moments under a choice in its uniform neighbourhood, by (op, strategy, splits, accumulating).
+  mutable std::map<std::tuple<size_t, int, int, bool>, OpMoments> transients_;
+  OpMoments op_transients(size_t op, OpChoice c, int64_t accum) const;
+  OpMoments act_moments(const OpProfile& op, int64_t micro) const;
   double interp(const std::map<int64_t, double>& m, int64_t b) const;
   int64_t interp_bytes(const std::map<int64_t, int64_t>& m, int64_t b) const;
 };

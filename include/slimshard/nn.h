@@ -175,9 +175,10 @@ class Model {
   std::vector<Op*> op_view_;
 };
 
-// Called at the end of every op's forward (backward = false) and backward (true), on the thread running it:
-// the activation probe and the profiler measure what lies between consecutive calls. nullptr = none.
-void set_op_observer(std::function<void(const Op&, bool backward)> observer);
+// Called as every op's forward and backward begins and ends, on the thread running it: the activation probe
+// and the profiler measure what lies between consecutive calls. nullptr = none.
+enum class OpPhase { forward_begin, forward_end, backward_begin, backward_end };
+void set_op_observer(std::function<void(const Op&, OpPhase)> observer);
 
 // Builds the model with weights drawn from `seed` (the same on every rank).
 std::unique_ptr<Model> build_model(const ModelConfig& config, uint64_t seed);

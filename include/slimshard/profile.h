@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "slimshard/memory_estimate.h"
 #include "slimshard/plan.h"
 
 namespace slimshard {
@@ -28,6 +29,8 @@ struct OpProfile : OpShape {
   // Per micro-batch: time from the previous op's end to this op's end, forward and backward.
   std::map<int64_t, double> fwd_ms, bwd_ms;
   std::map<int64_t, int64_t> act_bytes;  // per micro-batch: what the op (and the code before it) keeps live
+  // Per micro-batch: the activation peaks around and in the op (the probe's timeline).
+  std::map<int64_t, OpMoments> act_moments;
 };
 // Ops with no measurements yet (what a profile or an analytic cost model starts from).
 std::vector<OpProfile> unmeasured(const std::vector<OpShape>& shapes);
@@ -41,6 +44,7 @@ struct Profile {
   std::vector<OpProfile> ops;                          // model order
   std::map<int64_t, double> loss_fwd_ms, loss_bwd_ms;  // after the last op: loss; backward's tail
   std::map<int64_t, int64_t> loss_act_bytes, backward_extra_bytes;
+  std::map<int64_t, int64_t> loss_peak_bytes;        // the activation peak while the loss runs
   std::map<std::string, CollectiveFit> collectives;  // all_gather, reduce_scatter, all_reduce
   double overlap_slowdown = 1;        // compute time while communication runs / compute time alone
   double collective_overhead_ms = 0;  // latency of a zero3 gather waited for among busy threads (fitted)

@@ -283,6 +283,9 @@ class MpiCommunicator final : public Communicator {
       }
       inflight_start_ns_.store(0);
       ++seq_;
+      // The tensors the collective captured are let go before its Work completes: a caller that waits and
+      // then allocates must not find them still alive (the memory estimate counts on their release).
+      task.run = nullptr;
       task.work->finish(err);
     }
     backend_ = nullptr;

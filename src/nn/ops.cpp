@@ -18,7 +18,7 @@ using torch::autograd::variable_list;
 
 namespace {
 
-std::function<void(const Op&, bool)> g_observer;
+std::function<void(const Op&, OpPhase)> g_observer;
 
 // The anchor is an input only so that autograd runs backward; its own gradient is never produced (the weight
 // gradients go straight to the ShardedParams). The op pointer travels as an int64 because saved_data holds
@@ -30,15 +30,17 @@ struct OpFunction : torch::autograd::Function<OpFunction> {
     Op* op = reinterpret_cast<Op*>(op_addr);
     ctx->saved_data["op"] = op_addr;
     memory::OpScope scope(op->name());
+    if (g_observer) g_observer(*op, OpPhase::forward_begin);
     at::Tensor y = op->forward_impl(ctx, x);
-    if (g_observer) g_observer(*op, /*backward=*/false);
+    if (g_observer) g_observer(*op, OpPhase::forward_end);
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Op* op = reinterpret_cast<Op*>(ctx->saved_data["op"].toInt());
     memory::OpScope scope(op->name());
+    if (g_observer) g_observer(*op, OpPhase::backward_begin);
     at::Tensor dx = op->backward_impl(ctx, grads[0]);
-    if (g_observer) g_observer(*op, /*backward=*/true);
+    if (g_observer) g_observer(*op, OpPhase::backward_end);
     return {dx, at::Tensor(), at::Tensor()};
   }
 };
@@ -79,7 +81,7 @@ ShardedParam* ParamSet::add(std::string name, const at::Tensor& init, bool decay
   return view_.back();
 }
 
-void set_op_observer(std::function<void(const Op&, bool)> observer) { g_observer = std::move(observer); }
+void set_op_observer(std::function<void(const Op&, OpPhase)> observer) { g_observer = std::move(observer); }
 
 std::vector<ShardedParam*> ParamSet::replace(ShardedParam* old,
                                              std::vector<std::unique_ptr<ShardedParam>> with) {

@@ -53,8 +53,9 @@ CostModel CostModel::from_profile(const Profile& p, const CostOptions& o) {
   m.o_ = o;
   m.model_ = p.model;
   m.ops_ = p.ops;
+  m.shapes_.assign(m.ops_.begin(), m.ops_.end());
   m.loss_fwd_ = p.loss_fwd_ms, m.loss_bwd_ = p.loss_bwd_ms;
-  m.loss_act_ = p.loss_act_bytes, m.bwd_extra_ = p.backward_extra_bytes;
+  m.loss_act_ = p.loss_act_bytes, m.bwd_extra_ = p.backward_extra_bytes, m.loss_peak_ = p.loss_peak_bytes;
   m.coll_ = p.collectives;
   m.overlap_ = p.overlap_slowdown;
   m.opt_ns_ = p.optimizer_ns_per_element;
@@ -70,6 +71,7 @@ CostModel CostModel::from_cluster(const ClusterSpec& c, const ModelConfig& cfg, 
   m.o_ = o;
   m.model_ = cfg;
   m.ops_ = unmeasured(op_shapes(cfg));
+  m.shapes_.assign(m.ops_.begin(), m.ops_.end());
   m.source_ = "cluster spec " + c.name;
   const double flops = c.peak_flops * c.achievable_fraction;
   const double e = c.activation_bytes_per_element;
@@ -91,6 +93,7 @@ CostModel CostModel::from_cluster(const ClusterSpec& c, const ModelConfig& cfg, 
     const double T = static_cast<double>(cfg.seq_len), C = static_cast<double>(cfg.n_embd);
     const double H = static_cast<double>(cfg.n_head), V = static_cast<double>(cfg.vocab);
     const double rows = static_cast<double>(b) * T;
+    double kept = 0;  // the activations so far
     for (OpProfile& op : m.ops_) {
       double fwd = 0, act = 0;  // seconds, elements kept for backward
       if (op.kind == "linear") {
@@ -109,11 +112,19 @@ CostModel CostModel::from_cluster(const ClusterSpec& c, const ModelConfig& cfg, 
       op.fwd_ms[b] = fwd * 1e3;
       op.bwd_ms[b] = 2 * fwd * 1e3;
       op.act_bytes[b] = static_cast<int64_t>(act * e);
+      kept += act * e;
+      op.act_moments[b].before_fwd = op.act_moments[b].fwd = static_cast<int64_t>(kept);
     }
     m.loss_fwd_[b] = 3 * rows * V * e / c.memory_bandwidth * 1e3;
     m.loss_bwd_[b] = m.loss_fwd_[b];
     m.loss_act_[b] = static_cast<int64_t>(2 * rows * V * e);
     m.bwd_extra_[b] = static_cast<int64_t>((4 * rows * C + 2 * static_cast<double>(b) * H * T * T) * e);
+    m.loss_peak_[b] = static_cast<int64_t>(kept) + m.loss_act_[b];
+    // Backward at an op: what the ops up to it keep, the backward's own scratch, and (first) the loss's.
+    for (OpProfile& op : m.ops_) {
+      OpMoments& om = op.act_moments[b];
+      om.before_bwd = om.bwd = om.fwd + m.bwd_extra_[b] + (&op == &m.ops_.back() ? m.loss_act_[b] : 0);
+    }
   }
   return m;
 }
@@ -206,13 +217,32 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
   cc.choice = c;
   cc.time_ms = accum * forward + (accum - 1) * backward_mid + backward_last + after + opt_ns_ * owned * 1e-6;
   cc.mem = choice_memory(p.param_numels, c, o_.world, o_.optim_states);
-  cc.transient_bytes = cc.mem.transient(o_.prefetch);
+  const OpMoments t = op_transients(op, c, static_cast<int64_t>(accum)), a = act_moments(p, micro);
+  cc.transient_bytes = t.most();
+  cc.load_bytes = std::max(std::max(a.before_fwd + t.before_fwd, a.fwd + t.fwd),
+                           std::max(a.before_bwd + t.before_bwd, a.bwd + t.bwd));
   return cc;
 }
 
-int64_t CostModel::activation_bytes(int64_t micro) const {
-  int64_t a = interp_bytes(loss_act_, micro) + interp_bytes(bwd_extra_, micro);
-  for (const OpProfile& p : ops_) a += interp_bytes(p.act_bytes, micro);
+OpMoments CostModel::act_moments(const OpProfile& op, int64_t micro) const {
+  std::map<int64_t, int64_t> parts[4];
+  for (const auto& [b, m] : op.act_moments)
+    parts[0][b] = m.before_fwd, parts[1][b] = m.fwd, parts[2][b] = m.before_bwd, parts[3][b] = m.bwd;
+  return OpMoments{interp_bytes(parts[0], micro), interp_bytes(parts[1], micro),
+                   interp_bytes(parts[2], micro), interp_bytes(parts[3], micro)};
+}
+
+OpMoments CostModel::op_transients(size_t op, OpChoice c, int64_t accum) const {
+  const auto key = std::make_tuple(op, static_cast<int>(c.strategy), c.splits, accum > 1);
+  auto it = transients_.find(key);
+  if (it != transients_.end()) return it->second;
+  return transients_[key] = transients_in_uniform_neighbourhood(shapes_, op, c, o_.world, o_.prefetch, accum);
+}
+
+ActivationMoments CostModel::activations(int64_t micro) const {
+  ActivationMoments a;
+  for (const OpProfile& p : ops_) a.ops.push_back(act_moments(p, micro));
+  a.loss = interp_bytes(loss_peak_, micro);
   return a;
 }
 
@@ -229,19 +259,22 @@ PlanCost CostModel::evaluate(const std::map<std::string, OpChoice>& choices, int
   pc.micro_batch = micro;
   pc.accum = o_.global_batch / o_.world / micro;
   pc.step_ms = fixed_ms(micro);
-  pc.activation_bytes = activation_bytes(micro);
-  PeakMemory peak(o_.world, o_.prefetch, o_.optim_states);
+  std::vector<OpChoice> plan;
+  int64_t persistent = 0, scratch = 0;
   for (size_t i = 0; i < ops_.size(); ++i) {
     auto it = choices.find(ops_[i].name);
     const OpChoice c = it == choices.end() ? OpChoice{} : it->second;
     ChoiceCost cc = cost(i, c, micro);
     pc.step_ms += cc.time_ms;
-    peak.add(ops_[i].param_numels, c);
+    persistent += cc.mem.persistent(), scratch = std::max(scratch, cc.mem.optimizer_scratch_bytes);
+    plan.push_back(c);
     pc.per_op.push_back(cc);
   }
-  pc.persistent_bytes = peak.persistent();
-  pc.transient_bytes = peak.largest_transient();
-  pc.peak_bytes = peak.peak(pc.activation_bytes);
+  const PeakBreakdown peak =
+      peak_of(persistent, scratch, activations(micro),
+              simulate_transients(shapes_, plan, o_.world, o_.prefetch, pc.accum), shapes_);
+  pc.peak_bytes = peak.peak, pc.persistent_bytes = peak.persistent;
+  pc.activation_bytes = peak.activations, pc.transient_bytes = peak.transient, pc.peak_at = peak.moment;
   pc.samples_per_s = static_cast<double>(o_.global_batch) / (pc.step_ms / 1e3);
   pc.tokens_per_s = pc.samples_per_s * (model_.is_classifier() ? 1.0 : static_cast<double>(model_.seq_len));
   return pc;

@@ -1,10 +1,11 @@
 // memory_estimate.cpp — bytes per rank for a plan: persistent params, grads and optimizer state by strategy,
-// transient gathered weights and gradients, activations from a probe run of the real model, and the one peak
-// formula (see memory_estimate.h).
+// activations from a probe run of the real model, transients simulated as the engine holds them, and the one
+// peak over all moments of a step (see memory_estimate.h).
 #include "slimshard/memory_estimate.h"
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 
 #include "slimshard/common.h"
 #include "slimshard/memory.h"
@@ -15,30 +16,63 @@ ActivationProfile probe_activations(const ModelConfig& config, int64_t micro_bat
   ActivationProfile prof;
   prof.micro_batch = micro_batch;
   auto model = build_model(config, seed);
-  const auto [x, y] = random_inputs(config, micro_batch, seed);
+  // Laid out as training lays it out, so that the gradients exist before backward: they are persistent
+  // memory, counted by strategy (in a model never sharded, backward would allocate them as it goes).
+  for (ShardedParam* p : model->params().all()) p->shard(Strategy::ddp, 0, 1);
   const int64_t base = memory::live_bytes();
+  const auto [x, y] = random_inputs(config, micro_batch, seed);  // the batch is live through the step too
   int64_t prev = base;
-  set_op_observer([&](const Op& op, bool backward) {
-    if (backward) return;
-    const int64_t now = memory::live_bytes();
-    prof.op_bytes[op.name()] += now - prev;
-    prev = now;
+  memory::reset_peaks();
+  // Each call closes a span: the peak since the last call belongs to the moment that ends here.
+  set_op_observer([&](const Op& op, OpPhase phase) {
+    const int64_t peak = memory::peak_bytes() - base;
+    OpMoments& m = prof.moments[op.name()];
+    int64_t& into = phase == OpPhase::forward_begin    ? m.before_fwd
+                    : phase == OpPhase::forward_end    ? m.fwd
+                    : phase == OpPhase::backward_begin ? m.before_bwd
+                                                       : m.bwd;
+    into = std::max(into, peak);
+    if (phase == OpPhase::forward_end) {
+      const int64_t now = memory::live_bytes();
+      prof.op_bytes[op.name()] += now - prev;
+      prev = now;
+    }
+    memory::reset_peaks();
   });
   at::Tensor loss;
   try {
     loss = model->loss(x, y);
+    const int64_t end_forward = memory::live_bytes();
+    prof.op_bytes["(loss)"] += end_forward - prev;
+    prof.loss_peak = memory::peak_bytes() - base;
+    prof.total_bytes = end_forward - base;
+    memory::reset_peaks();
+    loss.backward();
   } catch (...) {
     set_op_observer(nullptr);
     throw;
   }
   set_op_observer(nullptr);
-  const int64_t end_forward = memory::live_bytes();
-  prof.op_bytes["(loss)"] += end_forward - prev;
-  prof.total_bytes = end_forward - base;
-  memory::reset_peaks();
-  loss.backward();
-  prof.backward_extra = std::max<int64_t>(0, memory::peak_bytes() - end_forward);
+  int64_t highest = memory::peak_bytes() - base;  // the tail after the last op's backward
+  for (const auto& [op, m] : prof.moments) highest = std::max({highest, m.before_bwd, m.bwd});
+  prof.backward_extra = std::max<int64_t>(0, highest - prof.total_bytes);
   return prof;
+}
+
+int64_t ActivationMoments::highest() const {
+  int64_t h = loss;
+  for (const OpMoments& m : ops) h = std::max(h, m.most());
+  return h;
+}
+
+ActivationMoments activation_moments(const ActivationProfile& act, const std::vector<OpShape>& ops) {
+  ActivationMoments m;
+  for (const OpShape& op : ops) {
+    auto it = act.moments.find(op.name);
+    m.ops.push_back(it == act.moments.end() ? OpMoments{} : it->second);
+  }
+  m.loss = act.loss_peak;
+  return m;
 }
 
 ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c, int world,
@@ -60,12 +94,9 @@ ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c,
           break;
         case Strategy::zero2:
           m.param_bytes += kF * padded, m.grad_bytes += kF * owned;
-          m.grad_block_bytes = std::max(m.grad_block_bytes, kF * padded);
           break;
         case Strategy::zero3:
           m.param_bytes += kF * owned, m.grad_bytes += kF * owned;
-          m.gathered_block_bytes = std::max(m.gathered_block_bytes, kF * padded);
-          m.grad_block_bytes = std::max(m.grad_block_bytes, kF * padded);
           break;
         case Strategy::slim:
           // As ddp, plus what Slim-DP keeps: the anchor and the signal (fp32 each), the core and selection
@@ -79,23 +110,220 @@ ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c,
   return m;
 }
 
-ChoiceMemory PeakMemory::add(const std::vector<int64_t>& param_numels, OpChoice c) {
-  const ChoiceMemory m = choice_memory(param_numels, c, world_, optim_states_);
-  persistent_ += m.persistent();
-  transient_ = std::max(transient_, m.transient(prefetch_));
-  optimizer_scratch_ = std::max(optimizer_scratch_, m.optimizer_scratch_bytes);
-  return m;
+// ---------------------------------------------------------------------------------------------------------------
+namespace {
+
+// What an op does with its params, in order: a block of a param acquired (gathered, zero3) or released, its
+// full gradient allocated or handed over to be reduced; and the moments to sample. Mirrors nn/ops.cpp.
+enum class Ev : uint8_t { acquire, release, grad, ready, sample };
+struct Event {
+  Ev ev;
+  int param, block;  // param: 0 weight, 1 bias
+};
+
+std::vector<Event> op_events(const OpShape& op, int splits, bool backward) {
+  const bool bias = op.param_numels.size() > 1;
+  std::vector<Event> e;
+  auto add = [&](Ev ev, int param, int block = 0) { e.push_back({ev, param, block}); };
+  if (op.kind == "embedding") {
+    if (backward)
+      add(Ev::grad, 0), add(Ev::sample, 0), add(Ev::ready, 0);
+    else
+      add(Ev::acquire, 0), add(Ev::sample, 0), add(Ev::release, 0);
+    return e;
+  }
+  if (op.kind == "linear") {
+    for (int j = 0; j < splits; ++j) {
+      if (backward) {
+        add(Ev::acquire, 0, j), add(Ev::grad, 0, j), add(Ev::sample, 0), add(Ev::release, 0, j);
+        add(Ev::ready, 0, j);
+        if (bias) add(Ev::grad, 1, j), add(Ev::sample, 0), add(Ev::ready, 1, j);
+      } else {
+        add(Ev::acquire, 0, j);
+        if (bias) add(Ev::acquire, 1, j);
+        add(Ev::sample, 0);
+        if (splits == 1) add(Ev::release, 0, j);
+        if (bias) add(Ev::release, 1, j);
+        if (splits > 1) add(Ev::release, 0, j);
+      }
+    }
+    return e;
+  }
+  // layernorm, conv2d: weight and bias together in forward; conv2d's backward gathers the weight alone.
+  const bool both = op.kind == "layernorm";
+  if (!backward) {
+    add(Ev::acquire, 0), add(Ev::acquire, 1), add(Ev::sample, 0), add(Ev::release, 0), add(Ev::release, 1);
+    return e;
+  }
+  add(Ev::acquire, 0);
+  if (both) add(Ev::acquire, 1);
+  add(Ev::sample, 0), add(Ev::release, 0);
+  if (both) add(Ev::release, 1);
+  add(Ev::grad, 0), add(Ev::sample, 0), add(Ev::ready, 0), add(Ev::grad, 1), add(Ev::sample, 0),
+      add(Ev::ready, 1);
+  return e;
 }
 
-int64_t PeakMemory::peak(int64_t activations) const {
-  return std::max(persistent_ + activations + transient_, persistent_ + optimizer_scratch_);
+// One step of the engine's memory behaviour over a plan: the prefetcher's window over the recorded order of
+// zero3 gathers (prefetcher.cpp), and the queue of gradients being reduce-scattered (data_parallel.cpp).
+class TransientSim {
+ public:
+  TransientSim(const std::vector<OpShape>& ops, const std::vector<OpChoice>& choices, int world, int prefetch,
+               int64_t accum)
+      : ops_(ops), choices_(choices), world_(world), depth_(std::max(0, prefetch)), accum_(accum) {
+    for (size_t i = 0; i < ops.size(); ++i) base_.push_back(static_cast<int>(ids_)), ids_ += 2 * 64;
+    record_trace();
+  }
+
+  // One micro-batch's forward and backward in the steady state (the order recorded): every micro-batch is
+  // alike, since the engine waits for its reductions before the next one. Before an op runs, what is live is
+  // what the ops before it left gathered or in flight.
+  TransientMoments run() {
+    TransientMoments t;
+    t.ops.assign(ops_.size(), OpMoments{});
+    for (size_t i = 0; i < ops_.size(); ++i) t.ops[i].before_fwd = live(), play(i, false, &t.ops[i].fwd);
+    t.after_forward = live();
+    for (size_t i = ops_.size(); i-- > 0;) t.ops[i].before_bwd = live(), play(i, true, &t.ops[i].bwd);
+    return t;
+  }
+
+ private:
+  int64_t block_bytes(size_t op, int param) const {
+    const int64_t n = ops_[op].param_numels.at(static_cast<size_t>(param)) / choices_[op].splits;
+    return 4 * padded_numel(n, world_);
+  }
+  int key(size_t op, const Event& e) const { return base_[op] + 2 * e.block + e.param; }
+  int64_t live() const { return gathered_bytes_ + own_bytes_ + flight_bytes_; }
+
+  void record_trace() {
+    for (bool backward : {false, true})
+      for (size_t k = 0; k < ops_.size(); ++k) {
+        const size_t i = backward ? ops_.size() - 1 - k : k;
+        if (!gathers_on_use(choices_[i].strategy)) continue;
+        for (const Event& e : op_events(ops_[i], choices_[i].splits, backward))
+          if (e.ev == Ev::acquire) trace_.push_back(block_bytes(i, e.param));
+      }
+  }
+  void issue(size_t at) {
+    gathered_[at] = trace_[at];
+    gathered_bytes_ += trace_[at];
+  }
+  void fill(size_t limit) {
+    limit = std::min(limit, trace_.size());
+    while (issued_ < limit && static_cast<int>(gathered_.size()) < depth_ + 1) issue(issued_++);
+  }
+  void play(size_t i, bool backward, int64_t* most) {
+    const Strategy s = choices_[i].strategy;
+    for (const Event& e : op_events(ops_[i], choices_[i].splits, backward)) {
+      const int id = key(i, e);
+      switch (e.ev) {
+        case Ev::acquire: {
+          if (!gathers_on_use(s)) break;
+          size_t at = pos_;
+          if (depth_ > 0) {
+            if (issued_ <= pos_) issue(pos_), issued_ = pos_ + 1;
+            fill(pos_ + static_cast<size_t>(depth_) + 1);
+          } else {
+            at = trace_.size() + static_cast<size_t>(id), gathered_[at] = trace_[pos_],
+            gathered_bytes_ += trace_[pos_];
+          }
+          ++pos_;
+          in_use_[id].push_back(at);
+          break;
+        }
+        case Ev::release: {
+          if (!gathers_on_use(s)) break;
+          const size_t at = in_use_[id].front();
+          in_use_[id].pop_front();
+          gathered_bytes_ -= gathered_.at(at);
+          gathered_.erase(at);
+          if (depth_ > 0) fill(pos_ + static_cast<size_t>(depth_));
+          break;
+        }
+        case Ev::grad:
+          if (frees_full_grad(s)) own_bytes_ += block_bytes(i, e.param);
+          break;
+        case Ev::ready: {
+          if (!frees_full_grad(s)) break;
+          const int64_t full = block_bytes(i, e.param);
+          own_bytes_ -= full;
+          if (world_ == 1 && accum_ == 1) break;  // copied into the owned slice at once
+          const int64_t held = full + (accum_ > 1 ? full / world_ : 0);  // accumulation adds a slice buffer
+          flight_.push_back(held), flight_bytes_ += held;
+          while (flight_.size() > 2) flight_bytes_ -= flight_.front(), flight_.pop_front();
+          break;
+        }
+        case Ev::sample:
+          *most = std::max(*most, live());
+          break;
+      }
+    }
+  }
+
+  const std::vector<OpShape>& ops_;
+  const std::vector<OpChoice>& choices_;
+  int world_, depth_;
+  int64_t accum_;
+  std::vector<int> base_;
+  size_t ids_ = 0;
+  std::vector<int64_t> trace_;  // bytes of each recorded gather, forward then backward
+  size_t pos_ = 0, issued_ = 0;
+  std::map<size_t, int64_t> gathered_;  // by trace position (or above the trace: on demand)
+  std::map<int, std::deque<size_t>> in_use_;
+  std::deque<int64_t> flight_;  // gradients being reduce-scattered, oldest first
+  int64_t gathered_bytes_ = 0, own_bytes_ = 0, flight_bytes_ = 0;
+};
+
+}  // namespace
+
+TransientMoments simulate_transients(const std::vector<OpShape>& ops, const std::vector<OpChoice>& choices,
+                                     int world, int prefetch, int64_t accum) {
+  return TransientSim(ops, choices, world, prefetch, accum).run();
+}
+
+OpMoments transients_in_uniform_neighbourhood(const std::vector<OpShape>& ops, size_t i, OpChoice c,
+                                              int world, int prefetch, int64_t accum) {
+  // Only neighbours reach op i: the prefetcher's window of K+1 gathers and the two reductions in flight, a
+  // few ops either side (the window is wider than that reach).
+  const size_t reach = static_cast<size_t>(std::max(0, prefetch)) + 4;
+  const size_t lo = i > reach ? i - reach : 0, hi = std::min(ops.size(), i + reach + 1);
+  const std::vector<OpShape> window(ops.begin() + static_cast<std::ptrdiff_t>(lo),
+                                    ops.begin() + static_cast<std::ptrdiff_t>(hi));
+  std::vector<OpChoice> plan;
+  for (const OpShape& op : window) {
+    const bool split = op.kind == "linear" && op.out_features % c.splits == 0;
+    plan.push_back(OpChoice{c.strategy, split ? c.splits : 1});
+  }
+  plan[i - lo] = c;
+  return simulate_transients(window, plan, world, prefetch, accum).ops[i - lo];
+}
+
+PeakBreakdown peak_of(int64_t persistent, int64_t optimizer_scratch, const ActivationMoments& a,
+                      const TransientMoments& t, const std::vector<OpShape>& ops) {
+  PeakBreakdown best;
+  auto consider = [&](int64_t act, int64_t tr, const std::string& moment) {
+    if (persistent + act + tr > best.peak || best.moment.empty())
+      best = PeakBreakdown{persistent + act + tr, persistent, act, tr, moment};
+  };
+  for (size_t i = 0; i < ops.size(); ++i) {
+    consider(a.ops[i].before_fwd, t.ops[i].before_fwd, "forward before " + ops[i].name);
+    consider(a.ops[i].fwd, t.ops[i].fwd, "forward of " + ops[i].name);
+  }
+  consider(a.loss, t.after_forward, "loss");
+  for (size_t i = ops.size(); i-- > 0;) {
+    consider(a.ops[i].before_bwd, t.ops[i].before_bwd, "backward before " + ops[i].name);
+    consider(a.ops[i].bwd, t.ops[i].bwd, "backward of " + ops[i].name);
+  }
+  consider(0, optimizer_scratch, "optimizer");
+  return best;
 }
 
 MemoryEstimate estimate_memory(const std::vector<OpShape>& ops,
                                const std::map<std::string, OpChoice>& choices, int world, int prefetch,
-                               int optim_states, const ActivationProfile& act) {
+                               int optim_states, int64_t accum, const ActivationProfile& act) {
   MemoryEstimate est;
-  PeakMemory peak(world, prefetch, optim_states);
+  std::vector<OpChoice> plan;
+  int64_t scratch = 0;
   for (const OpShape& op : ops) {
     OpMemory m;
     m.op = op.name;
@@ -103,15 +331,16 @@ MemoryEstimate estimate_memory(const std::vector<OpShape>& ops,
     auto it = act.op_bytes.find(op.name);
     m.activation_bytes = it == act.op_bytes.end() ? 0 : it->second;
     for (int64_t n : op.param_numels) m.params += n;
-    const ChoiceMemory cm = peak.add(op.param_numels, m.choice);
+    const ChoiceMemory cm = choice_memory(op.param_numels, m.choice, world, optim_states);
     m.param_bytes = cm.param_bytes, m.grad_bytes = cm.grad_bytes, m.optim_bytes = cm.optim_bytes;
-    m.transient_bytes = cm.transient(prefetch);
+    est.persistent += m.persistent();
+    scratch = std::max(scratch, cm.optimizer_scratch_bytes);
+    plan.push_back(m.choice);
     est.ops.push_back(m);
   }
-  est.persistent = peak.persistent();
-  est.transient = peak.largest_transient();
-  est.activations = act.total_bytes + act.backward_extra;
-  est.peak = peak.peak(est.activations);
+  const TransientMoments t = simulate_transients(ops, plan, world, prefetch, accum);
+  for (size_t i = 0; i < ops.size(); ++i) est.ops[i].transient_bytes = t.ops[i].most();
+  est.peak = peak_of(est.persistent, scratch, activation_moments(act, ops), t, ops);
   return est;
 }
 
@@ -129,11 +358,12 @@ void print_memory_estimate(const MemoryEstimate& est) {
   }
   std::printf("%-22s %10s %-9s %6s %9s %9s %9s\n", "total", "", "", "", mib(pb).c_str(), mib(gb).c_str(),
               mib(ob).c_str());
+  const PeakBreakdown& p = est.peak;
   std::printf(
-      "predicted peak per rank: %s MiB = persistent %s + activations %s + largest transient %s "
-      "(LibTorch tensors; the shared-memory staging of the communicator is extra)\n",
-      mib(est.peak).c_str(), mib(est.persistent).c_str(), mib(est.activations).c_str(),
-      mib(est.transient).c_str());
+      "predicted peak per rank: %s MiB at the %s = persistent %s + activations %s + transient %s (LibTorch "
+      "tensors; the shared-memory staging of the communicator is extra)\n",
+      mib(p.peak).c_str(), p.moment.c_str(), mib(p.persistent).c_str(), mib(p.activations).c_str(),
+      mib(p.transient).c_str());
 }
 
 nlohmann::json memory_estimate_json(const MemoryEstimate& est, int world) {
@@ -149,10 +379,11 @@ nlohmann::json memory_estimate_json(const MemoryEstimate& est, int world) {
                    {"transient_bytes", m.transient_bytes},
                    {"activation_bytes", m.activation_bytes}});
   return {{"world", world},
-          {"peak_bytes", est.peak},
+          {"peak_bytes", est.peak.peak},
+          {"peak_at", est.peak.moment},
           {"persistent_bytes", est.persistent},
-          {"activation_bytes", est.activations},
-          {"transient_bytes", est.transient},
+          {"activation_bytes", est.peak.activations},
+          {"transient_bytes", est.peak.transient},
           {"ops", ops}};
 }
 

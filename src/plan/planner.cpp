@@ -46,7 +46,8 @@ MemoryEstimate estimate_for(const RunSpec& spec, ActivationProfile* probe_cache)
   ActivationProfile local;
   ActivationProfile& act = probe_cache ? *probe_cache : local;
   if (act.micro_batch != micro) act = probe_activations(spec.model, micro, spec.seed);
-  return estimate_memory(ops, choices, spec.world(), spec.cost.prefetch, spec.cost.optim_states, act);
+  return estimate_memory(ops, choices, spec.world(), spec.cost.prefetch, spec.cost.optim_states,
+                         per_rank_batch(spec) / micro, act);
 }
 
 CostModel cost_model_for(const RunSpec& spec, const CostSource& source) {

@@ -25,6 +25,10 @@
 namespace slimshard {
 namespace {
 
+// 2: activation peaks around and in each op (act_moments: before and in forward, before and in backward;
+// loss.peak_bytes), measured with the gradients laid out (version 1 counted them as backward activations).
+constexpr int kProfileVersion = 2;
+
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
@@ -67,7 +71,9 @@ void profile_compute(const ModelConfig& cfg, int64_t b, const ProfileOptions& o,
   std::vector<double> loss_fwd, loss_bwd;
   std::map<std::string, double> f_now, b_now;
   auto mark = Clock::now();
-  set_op_observer([&](const Op& op, bool backward) {
+  set_op_observer([&](const Op& op, OpPhase phase) {
+    if (phase != OpPhase::forward_end && phase != OpPhase::backward_end) return;
+    const bool backward = phase == OpPhase::backward_end;
     const auto now = Clock::now();
     (backward ? b_now : f_now)[op.name()] += std::chrono::duration<double, std::milli>(now - mark).count();
     mark = now;
@@ -98,7 +104,9 @@ void profile_compute(const ModelConfig& cfg, int64_t b, const ProfileOptions& o,
     op.bwd_ms[b] = median(bwd[op.name]);
     auto it = act.op_bytes.find(op.name);
     op.act_bytes[b] = it == act.op_bytes.end() ? 0 : it->second;
+    op.act_moments[b] = act.moments.count(op.name) ? act.moments.at(op.name) : OpMoments{};
   }
+  p.loss_peak_bytes[b] = act.loss_peak;
   p.loss_fwd_ms[b] = median(loss_fwd);  // the span after the last op: the loss
   p.loss_bwd_ms[b] =
       median(loss_bwd);  // the backward's tail after the last op (the loss's own falls to lm_head)
@@ -189,7 +197,7 @@ double uniform_step_ms(const Profile& p, Strategy s, int64_t b) {
 
 std::vector<OpProfile> unmeasured(const std::vector<OpShape>& shapes) {
   std::vector<OpProfile> out;
-  for (const OpShape& s : shapes) out.push_back(OpProfile{s, {}, {}, {}});
+  for (const OpShape& s : shapes) out.push_back(OpProfile{s, {}, {}, {}, {}});
   return out;
 }
 
@@ -250,6 +258,14 @@ void calibrate_profile(Profile& p, const MeasuredSteps& steps) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+namespace {
+nlohmann::json moments_json(const std::map<int64_t, OpMoments>& by_b) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [b, m] : by_b) j[std::to_string(b)] = {m.before_fwd, m.fwd, m.before_bwd, m.bwd};
+  return j;
+}
+}  // namespace
+
 nlohmann::json profile_to_json(const Profile& p) {
   auto by_b = [](const auto& m) {
     nlohmann::json j = nlohmann::json::object();
@@ -264,7 +280,8 @@ nlohmann::json profile_to_json(const Profile& p) {
                    {"out_features", o.out_features},
                    {"fwd_ms", by_b(o.fwd_ms)},
                    {"bwd_ms", by_b(o.bwd_ms)},
-                   {"act_bytes", by_b(o.act_bytes)}});
+                   {"act_bytes", by_b(o.act_bytes)},
+                   {"act_moments", moments_json(o.act_moments)}});
   nlohmann::json coll = nlohmann::json::object();
   for (const auto& [k, f] : p.collectives)
     coll[k] = {{"alpha_ms", f.alpha_ms},
@@ -272,7 +289,7 @@ nlohmann::json profile_to_json(const Profile& p) {
                {"residual", f.residual},
                {"points", f.points}};
   return {{"format", "slimshard.profile"},
-          {"version", 1},
+          {"version", kProfileVersion},
           {"machine", p.machine},
           {"world", p.world},
           {"threads", p.threads},
@@ -284,7 +301,8 @@ nlohmann::json profile_to_json(const Profile& p) {
           {"loss",
            {{"fwd_ms", by_b(p.loss_fwd_ms)},
             {"bwd_ms", by_b(p.loss_bwd_ms)},
-            {"act_bytes", by_b(p.loss_act_bytes)}}},
+            {"act_bytes", by_b(p.loss_act_bytes)},
+            {"peak_bytes", by_b(p.loss_peak_bytes)}}},
           {"backward_extra_bytes", by_b(p.backward_extra_bytes)},
           {"collectives", coll},
           {"overlap_slowdown", p.overlap_slowdown},
@@ -301,7 +319,9 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
   try {
     if (!j.is_object() || j.value("format", "") != "slimshard.profile")
       throw bad("format", "not a slimshard profile (expected \"format\": \"slimshard.profile\")");
-    if (j.at("version").get<int>() != 1) throw bad("version", "unsupported version");
+    if (j.at("version").get<int>() != kProfileVersion)
+      throw bad("version", "format version " + j.at("version").dump() + ", this slimshard reads version " +
+                               std::to_string(kProfileVersion) + " (profile again with `slimshard profile`)");
     p.machine = j.at("machine");
     p.world = j.at("world").get<int>();
     if (p.world < 1) throw bad("world", "must be >= 1");
@@ -341,11 +361,18 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
       read_b(ops[i].at("fwd_ms"), "ops." + o.name + ".fwd_ms", o.fwd_ms);
       read_b(ops[i].at("bwd_ms"), "ops." + o.name + ".bwd_ms", o.bwd_ms);
       read_b(ops[i].at("act_bytes"), "ops." + o.name + ".act_bytes", o.act_bytes, true);
+      for (int64_t b : p.micro_batches) {
+        const auto v = ops[i].at("act_moments").at(std::to_string(b)).get<std::vector<int64_t>>();
+        if (v.size() != 4 || *std::min_element(v.begin(), v.end()) < 0)
+          throw bad("ops." + o.name + ".act_moments", "expected 4 non-negative byte counts per micro-batch");
+        o.act_moments[b] = OpMoments{v[0], v[1], v[2], v[3]};
+      }
       p.ops.push_back(o);
     }
     read_b(j.at("loss").at("fwd_ms"), "loss.fwd_ms", p.loss_fwd_ms);
     read_b(j.at("loss").at("bwd_ms"), "loss.bwd_ms", p.loss_bwd_ms);
     read_b(j.at("loss").at("act_bytes"), "loss.act_bytes", p.loss_act_bytes, true);
+    read_b(j.at("loss").at("peak_bytes"), "loss.peak_bytes", p.loss_peak_bytes);
     read_b(j.at("backward_extra_bytes"), "backward_extra_bytes", p.backward_extra_bytes);
     for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"}) {
       const auto& c = j.at("collectives").at(k);

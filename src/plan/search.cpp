@@ -1,9 +1,11 @@
 // search.cpp — the exact search over per-op choices and micro-batches (multiple-choice knapsack by dynamic
 // programming over discretised memory), a brute-force oracle, uniform baselines, and what to say when nothing
-// fits. Peak = Σ persistent + activations(micro) + max transient: the max is handled by fixing a bound T on
-// the largest transient (every distinct value in turn), allowing only choices under it, and giving the
-// knapsack a budget of limit − activations − T; persistent bytes are rounded up to budget/buckets, so what it
-// returns fits.
+// fits. Peak = Σ persistent + the largest load of any op, an op's load being the most activations +
+// transients at any of its moments (cost_model.h: ChoiceCost::load_bytes). The max is handled by fixing a
+// bound B on the largest load (every distinct load in turn, thinned to kMaxBounds), allowing only choices
+// under it, and giving the knapsack a budget of limit − B; persistent bytes are rounded up to budget/buckets.
+// Each bound's best plan is then checked with the engine's own simulation (CostModel::evaluate), which also
+// sees what neighbours of different strategies do to each other, and kept only if it fits.
 #include "slimshard/search.h"
 
 #include <algorithm>
@@ -16,10 +18,11 @@ namespace slimshard {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr size_t kMaxBounds = 256;
 
 struct Candidate {
   std::vector<std::vector<ChoiceCost>> per_op;  // every op's choices, costed at one micro-batch
-  std::vector<int64_t> transients;              // distinct transient bounds, ascending
+  std::vector<int64_t> bounds;                  // bounds on the largest load, ascending
 };
 
 Candidate costed(const CostModel& m, int64_t micro) {
@@ -27,11 +30,18 @@ Candidate costed(const CostModel& m, int64_t micro) {
   for (size_t i = 0; i < m.ops().size(); ++i) {
     std::vector<ChoiceCost> v;
     for (OpChoice ch : m.candidates(i)) v.push_back(m.cost(i, ch, micro));
-    for (const auto& cc : v) c.transients.push_back(cc.transient_bytes);
+    for (const auto& cc : v) c.bounds.push_back(cc.load_bytes);
     c.per_op.push_back(std::move(v));
   }
-  std::sort(c.transients.begin(), c.transients.end());
-  c.transients.erase(std::unique(c.transients.begin(), c.transients.end()), c.transients.end());
+  c.bounds.push_back(m.activations(micro).loss);
+  std::sort(c.bounds.begin(), c.bounds.end());
+  c.bounds.erase(std::unique(c.bounds.begin(), c.bounds.end()), c.bounds.end());
+  if (c.bounds.size() > kMaxBounds) {  // evenly thinned, the largest kept
+    std::vector<int64_t> thin;
+    for (size_t k = 0; k < kMaxBounds; ++k)
+      thin.push_back(c.bounds[k * (c.bounds.size() - 1) / (kMaxBounds - 1)]);
+    c.bounds = std::move(thin);
+  }
   return c;
 }
 
@@ -49,65 +59,58 @@ SearchResult result_from(const CostModel& m, const std::vector<size_t>& pick, co
   return r;
 }
 
-// Best choices at one micro-batch: index per op, or empty if nothing fits.
-std::vector<size_t> knapsack(const CostModel& m, const Candidate& cand, int64_t micro, const SearchOptions& o,
-                             double* best_time) {
+// The fastest choices of each op, memory aside.
+std::vector<size_t> fastest(const Candidate& cand) {
+  std::vector<size_t> best(cand.per_op.size(), 0);
+  for (size_t i = 0; i < cand.per_op.size(); ++i)
+    for (size_t c = 1; c < cand.per_op[i].size(); ++c)
+      if (cand.per_op[i][c].time_ms < cand.per_op[i][best[i]].time_ms) best[i] = c;
+  return best;
+}
+
+// The fastest choices with every load ≤ B and the persistent bytes within limit − B (rounded up to
+// buckets): an index per op, or empty if none; *time its sum of op times.
+std::vector<size_t> knapsack(const Candidate& cand, int64_t B, const SearchOptions& o, double* time) {
   const size_t n = cand.per_op.size();
-  std::vector<size_t> best;
-  *best_time = kInf;
-  if (o.mem_limit <= 0) {  // no budget: the fastest choice of each op
-    best.resize(n);
-    double t = 0;
-    for (size_t i = 0; i < n; ++i) {
-      size_t b = 0;
-      for (size_t c = 1; c < cand.per_op[i].size(); ++c)
-        if (cand.per_op[i][c].time_ms < cand.per_op[i][b].time_ms) b = c;
-      best[i] = b;
-      t += cand.per_op[i][b].time_ms;
-    }
-    *best_time = t;
-    return best;
-  }
-  const int64_t act = m.activation_bytes(micro);
   const int M = o.memory_buckets;
-  std::vector<double> dp(static_cast<size_t>(M) + 1), next(static_cast<size_t>(M) + 1);
+  const int64_t unit = unit_for(o.mem_limit - B, M);
+  std::vector<double> dp(static_cast<size_t>(M) + 1, 0.0), next(static_cast<size_t>(M) + 1);
   std::vector<uint8_t> arg(n * (static_cast<size_t>(M) + 1));
-  for (int64_t T : cand.transients) {
-    const int64_t budget = o.mem_limit - act - T;
-    if (budget < 0) break;  // larger bounds leave even less
-    const int64_t unit = unit_for(budget, M);
-    std::fill(dp.begin(), dp.end(), 0.0);
-    bool possible = true;
-    for (size_t i = 0; i < n && possible; ++i) {
-      std::fill(next.begin(), next.end(), kInf);
-      const auto& choices = cand.per_op[i];
-      for (size_t c = 0; c < choices.size(); ++c) {
-        if (choices[c].transient_bytes > T) continue;
-        const int64_t w = weight(choices[c], unit);
-        if (w > M) continue;
-        const double t = choices[c].time_ms;
-        for (int64_t u = w; u <= M; ++u) {
-          const double v = dp[static_cast<size_t>(u - w)] + t;
-          if (v < next[static_cast<size_t>(u)]) {
-            next[static_cast<size_t>(u)] = v;
-            arg[i * (static_cast<size_t>(M) + 1) + static_cast<size_t>(u)] = static_cast<uint8_t>(c);
-          }
+  for (size_t i = 0; i < n; ++i) {
+    std::fill(next.begin(), next.end(), kInf);
+    const auto& choices = cand.per_op[i];
+    for (size_t c = 0; c < choices.size(); ++c) {
+      if (choices[c].load_bytes > B) continue;
+      const int64_t w = weight(choices[c], unit);
+      if (w > M) continue;
+      const double t = choices[c].time_ms;
+      for (int64_t u = w; u <= M; ++u) {
+        const double v = dp[static_cast<size_t>(u - w)] + t;
+        if (v < next[static_cast<size_t>(u)]) {
+          next[static_cast<size_t>(u)] = v;
+          arg[i * (static_cast<size_t>(M) + 1) + static_cast<size_t>(u)] = static_cast<uint8_t>(c);
         }
       }
-      std::swap(dp, next);
-      possible = dp[static_cast<size_t>(M)] < kInf;
     }
-    if (!possible || dp[static_cast<size_t>(M)] >= *best_time) continue;
-    *best_time = dp[static_cast<size_t>(M)];
-    best.assign(n, 0);
-    int64_t u = M;
-    for (size_t i = n; i-- > 0;) {
-      const size_t c = arg[i * (static_cast<size_t>(M) + 1) + static_cast<size_t>(u)];
-      best[i] = c;
-      u -= weight(cand.per_op[i][c], unit);
-    }
+    std::swap(dp, next);
+    if (!(dp[static_cast<size_t>(M)] < kInf)) return {};
   }
-  return best;
+  *time = dp[static_cast<size_t>(M)];
+  std::vector<size_t> pick(n, 0);
+  int64_t u = M;
+  for (size_t i = n; i-- > 0;) {
+    pick[i] = arg[i * (static_cast<size_t>(M) + 1) + static_cast<size_t>(u)];
+    u -= weight(cand.per_op[i][pick[i]], unit);
+  }
+  return pick;
+}
+
+// Keeps `r` if it fits (by the engine's simulation) and is faster than `best`.
+void keep_if_better(SearchResult r, const SearchOptions& o, SearchResult& best) {
+  if (o.mem_limit > 0 && r.cost.peak_bytes > o.mem_limit) return;
+  if (best.fits && r.cost.step_ms >= best.cost.step_ms) return;
+  best = std::move(r);
+  best.fits = true;
 }
 
 // The smallest peak any plan reaches at a micro-batch (zero3 with the most splits is the most frugal choice).
@@ -118,7 +121,7 @@ PlanCost frugal(const CostModel& m, int64_t micro) {
     int64_t best_peak = std::numeric_limits<int64_t>::max();
     for (OpChoice c : m.candidates(i)) {
       const ChoiceCost cc = m.cost(i, c, micro);
-      const int64_t p = cc.mem.persistent() + cc.transient_bytes;
+      const int64_t p = cc.mem.persistent() + cc.load_bytes;
       if (p < best_peak) best_peak = p, best = c;
     }
     choices[m.ops()[i].name] = best;
@@ -138,9 +141,10 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
     PlanCost p = frugal(m, b);
     if (p.peak_bytes < best.peak_bytes) best = p;
   }
-  if (best.activation_bytes >= o.mem_limit)
+  const int64_t activations = m.activations(best.micro_batch).highest();
+  if (activations >= o.mem_limit)
     return "nothing fits in " + mib(o.mem_limit) + " per rank: the activations of one micro-batch of " +
-           std::to_string(best.micro_batch) + " alone take " + mib(best.activation_bytes) +
+           std::to_string(best.micro_batch) + " alone take " + mib(activations) +
            "; more ranks do not shrink them (a shorter sequence would; activation recomputation is not "
            "implemented)";
   std::string msg = "nothing fits in " + mib(o.mem_limit) +
@@ -160,20 +164,28 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
     }
   }
   // More ranks: persistent bytes shrink with the world, activations stay.
+  const std::vector<OpShape> shapes(m.ops().begin(), m.ops().end());
+  const ActivationMoments act = m.activations(best.micro_batch);
   for (int w = m.options().world * 2; w <= (1 << 16); w *= 2) {
-    PeakMemory peak(w, m.options().prefetch, m.options().optim_states);
-    for (const OpProfile& op : m.ops()) {
+    std::vector<OpChoice> plan;
+    int64_t persistent = 0, scratch = 0;
+    for (const OpShape& op : shapes) {
       int k = 1;
       for (int kk : {8, 4, 2})
         if (op.kind == "linear" && op.out_features % kk == 0) {
           k = kk;
           break;
         }
-      peak.add(op.param_numels, OpChoice{Strategy::zero3, k});
+      plan.push_back(OpChoice{Strategy::zero3, k});
+      const ChoiceMemory cm = choice_memory(op.param_numels, plan.back(), w, m.options().optim_states);
+      persistent += cm.persistent(), scratch = std::max(scratch, cm.optimizer_scratch_bytes);
     }
-    if (peak.peak(best.activation_bytes) <= o.mem_limit) {
-      msg += "; with " + std::to_string(w) + " ranks zero3 would need about " +
-             mib(peak.peak(best.activation_bytes));
+    const int64_t peak =
+        peak_of(persistent, scratch, act,
+                simulate_transients(shapes, plan, w, m.options().prefetch, best.accum), shapes)
+            .peak;
+    if (peak <= o.mem_limit) {
+      msg += "; with " + std::to_string(w) + " ranks zero3 would need about " + mib(peak);
       break;
     }
   }
@@ -184,15 +196,19 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
 
 SearchResult search_plan(const CostModel& m, const SearchOptions& o) {
   SearchResult best;
-  double best_step = kInf;
   for (int64_t micro : m.micro_batches()) {
     const Candidate cand = costed(m, micro);
-    double t = 0;
-    std::vector<size_t> pick = knapsack(m, cand, micro, o, &t);
-    if (pick.empty()) continue;
-    SearchResult r = result_from(m, pick, cand, micro);
-    if (o.mem_limit > 0 && r.cost.peak_bytes > o.mem_limit) continue;  // the optimizer's own scratch
-    if (r.cost.step_ms < best_step) best_step = r.cost.step_ms, best = r, best.fits = true;
+    if (o.mem_limit <= 0) {
+      keep_if_better(result_from(m, fastest(cand), cand, micro), o, best);
+      continue;
+    }
+    for (int64_t B : cand.bounds) {
+      if (o.mem_limit - B < 0) break;  // larger bounds leave even less
+      double t = 0;
+      const std::vector<size_t> pick = knapsack(cand, B, o, &t);
+      if (pick.empty() || (best.fits && t + m.fixed_ms(micro) >= best.cost.step_ms)) continue;
+      keep_if_better(result_from(m, pick, cand, micro), o, best);
+    }
   }
   if (!best.fits) best.explanation = explain(m, o);
   return best;
@@ -200,37 +216,39 @@ SearchResult search_plan(const CostModel& m, const SearchOptions& o) {
 
 SearchResult brute_force_plan(const CostModel& m, const SearchOptions& o) {
   SearchResult best;
-  double best_step = kInf;
   for (int64_t micro : m.micro_batches()) {
     const Candidate cand = costed(m, micro);
     const size_t n = cand.per_op.size();
-    const int64_t act = m.activation_bytes(micro);
+    // The search's rule, by enumeration: per bound B the fastest plan whose loads are ≤ B and whose rounded
+    // persistent bytes fit in limit − B; then each bound's plan checked by the simulation.
+    std::vector<double> best_time(cand.bounds.size(), kInf);
+    std::vector<std::vector<size_t>> best_pick(cand.bounds.size());
     std::vector<size_t> idx(n, 0);
     for (;;) {
       double t = 0;
-      int64_t tmax = 0;
+      int64_t most = 0;
       for (size_t i = 0; i < n; ++i)
-        t += cand.per_op[i][idx[i]].time_ms, tmax = std::max(tmax, cand.per_op[i][idx[i]].transient_bytes);
-      bool fits = o.mem_limit <= 0;
-      for (int64_t T : cand.transients) {  // the search's rule: some bound T ≥ the plan's largest transient
-        if (fits || T < tmax) continue;
-        const int64_t budget = o.mem_limit - act - T;
-        if (budget < 0) break;
-        const int64_t unit = unit_for(budget, o.memory_buckets);
-        int64_t units = 0;
-        for (size_t i = 0; i < n; ++i) units += weight(cand.per_op[i][idx[i]], unit);
-        fits = units <= o.memory_buckets;
-      }
-      const double step = t + m.fixed_ms(micro);
-      if (fits && step < best_step) {
-        SearchResult r = result_from(m, idx, cand, micro);
-        if (o.mem_limit <= 0 || r.cost.peak_bytes <= o.mem_limit)
-          best_step = step, best = r, best.fits = true;
+        t += cand.per_op[i][idx[i]].time_ms, most = std::max(most, cand.per_op[i][idx[i]].load_bytes);
+      for (size_t b = 0; b < cand.bounds.size(); ++b) {
+        const int64_t B = cand.bounds[b];
+        if (o.mem_limit <= 0) {
+          if (b > 0) break;
+        } else {
+          if (B < most) continue;
+          if (o.mem_limit - B < 0) break;
+          const int64_t unit = unit_for(o.mem_limit - B, o.memory_buckets);
+          int64_t units = 0;
+          for (size_t i = 0; i < n; ++i) units += weight(cand.per_op[i][idx[i]], unit);
+          if (units > o.memory_buckets) continue;
+        }
+        if (t < best_time[b]) best_time[b] = t, best_pick[b] = idx;
       }
       size_t i = 0;
       while (i < n && ++idx[i] == cand.per_op[i].size()) idx[i++] = 0;
       if (i == n) break;
     }
+    for (size_t b = 0; b < cand.bounds.size(); ++b)
+      if (!best_pick[b].empty()) keep_if_better(result_from(m, best_pick[b], cand, micro), o, best);
   }
   return best;
 }

@@ -119,6 +119,9 @@ void DataParallel::launch_ready_buckets() {
 
 void DataParallel::end_backward(bool last) {
   if (prefetcher_) prefetcher_->end_pass();
+  // Every micro-batch's reduce-scatters finish before the next forward: their full gradients are never alive
+  // beside another micro-batch's activations (what the memory estimate counts on).
+  while (!scatters_.empty()) scatters_.front()->wait(), scatters_.pop_front();
   if (!last) return;
   if (comm_.world() > 1) {
     // Gradients a step did not produce (unused params) are zero; their buckets still go, in order.

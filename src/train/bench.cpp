@@ -84,7 +84,7 @@ nlohmann::json bench_entry(const BenchOptions& o, const CostModel& cost, const s
   spec.strategy = is_plan_file(e) ? "ddp" : e;
   spec.plan_file = is_plan_file(e) ? e : "";
   const SearchResult predicted = predicted_for(cost, spec);
-  const int64_t estimate = e == "osdp" ? predicted.cost.peak_bytes : estimate_for(spec, &probe).peak;
+  const int64_t estimate = e == "osdp" ? predicted.cost.peak_bytes : estimate_for(spec, &probe).peak.peak;
   const std::string what = is_plan_file(e) ? " --plan " + shell_quote(e)
                            : e == "osdp"   ? " --strategy osdp --profile " + shell_quote(profile)
                                            : " --strategy " + e;
