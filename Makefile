@@ -6,7 +6,11 @@ RANKS ?= 2
 # As root, OpenMPI needs --allow-run-as-root; with more ranks than cores, --oversubscribe.
 MPIRUN ?= mpirun $(if $(filter 0,$(shell id -u)),--allow-run-as-root,) --oversubscribe -n $(RANKS)
 
-.PHONY: all deps build demo test bench format clean
+FUZZ_SECONDS ?= 60
+SANITIZER_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:suppressions=$(CURDIR)/tests/asan.supp \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+.PHONY: all deps build demo test test-asan fuzz fuzz-smoke bench format clean
 
 all: build
 
@@ -27,6 +31,23 @@ demo: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j1
+
+# The suite again, everything built with AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/).
+test-asan: deps
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLIMSHARD_SANITIZE=ON >/dev/null
+	cmake --build build-asan -j$(JOBS)
+	cd build-asan && $(SANITIZER_ENV) ctest --output-on-failure -j1
+
+# libFuzzer on every parser of user input, FUZZ_SECONDS each (build-fuzz/; corpora in tests/fuzz/corpus/).
+fuzz: deps
+	cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DSLIMSHARD_FUZZ=ON \
+	  -DBUILD_TESTING=OFF >/dev/null
+	cmake --build build-fuzz -j$(JOBS) --target fuzz_all
+	$(SANITIZER_ENV) bash scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
+# What CI runs: each harness for a short time.
+fuzz-smoke:
+	$(MAKE) fuzz FUZZ_SECONDS=15
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')

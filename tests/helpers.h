@@ -73,6 +73,23 @@ inline int count_lines(const std::string& text) {
   return n + any;
 }
 
+// The last line of the output; it must be the error, alone on its line.
+inline std::string last_line(const std::string& out) {
+  std::string s = out;
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s.substr(s.rfind('\n') == std::string::npos ? 0 : s.rfind('\n') + 1);
+}
+
+// `slimshard ARGS` exits 2 with one error line naming `needle` last, and no uncaught exception.
+inline void expect_usage_error(const std::string& args, const std::string& needle) {
+  auto r = run(bin() + " " + args);
+  EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+  const std::string line = last_line(r.output);
+  EXPECT_EQ(line.rfind("slimshard: error: ", 0), 0u) << args << "\n" << r.output;
+  EXPECT_NE(line.find(needle), std::string::npos) << args << "\n" << r.output;
+  EXPECT_EQ(r.output.find("terminate"), std::string::npos) << r.output;
+}
+
 // One `slimshard train` run and what it left: its exit code and output, the per-step records of its metrics
 // file (losses extracted), the summary line and, when saved, the final weights.
 struct TrainRun {

@@ -12,25 +12,8 @@ using namespace slimshard;
 using test::bin;
 using test::run;
 
-namespace {
-
-// The last line of the output; it must be the error, alone on its line.
-std::string last_line(const std::string& out) {
-  std::string s = out;
-  while (!s.empty() && s.back() == '\n') s.pop_back();
-  return s.substr(s.rfind('\n') == std::string::npos ? 0 : s.rfind('\n') + 1);
-}
-
-void expect_usage_error(const std::string& args, const std::string& needle) {
-  auto r = run(bin() + " " + args);
-  EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
-  const std::string line = last_line(r.output);
-  EXPECT_EQ(line.rfind("slimshard: error: ", 0), 0u) << args << "\n" << r.output;
-  EXPECT_NE(line.find(needle), std::string::npos) << args << "\n" << r.output;
-  EXPECT_EQ(r.output.find("terminate"), std::string::npos) << r.output;
-}
-
-}  // namespace
+using test::expect_usage_error;
+using test::last_line;
 
 TEST(Cli, GptTinyLearnsKjv) {
   const std::string dir = test::scratch_dir();

@@ -117,10 +117,13 @@ TEST(Checkpoint, LoadsAtAnotherWorldSizeAndPlan) {
 TEST(Checkpoint, KilledRankEndsTheJobAndTheLastCheckpointResumes) {
   const std::string dir = test::scratch_dir(), ck = dir + "/ck";
   CkptRun full = train(2, "", dir, "full");
-  // Killed between saves (step 12), then during the save of step 15 (after its own file, before the index).
+  // Killed between saves (step 12), then, resumed from step 10, during the save of step 15 (after its own
+  // file, before the index).
   for (const std::string fault : {"kill:1:12", "killsave:1:15"}) {
     const auto t0 = std::chrono::steady_clock::now();
-    CkptRun a = train(2, "--ckpt-dir " + ck + " --save-every 5 --comm-timeout 20 --fault " + fault, dir, "a");
+    const std::string resume = fault == "kill:1:12" ? "" : " --resume " + ck;
+    CkptRun a = train(2, "--ckpt-dir " + ck + " --save-every 5 --comm-timeout 20 --fault " + fault + resume,
+                      dir, "a");
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_NE(a.code, 0) << fault << "\n" << a.output;
     EXPECT_LT(secs, 20 + 30) << fault;

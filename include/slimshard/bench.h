@@ -20,6 +20,9 @@ struct BenchOptions {
   std::string launcher;                 // e.g. "mpirun --oversubscribe"; "-n N" is added
   std::string self;                     // the slimshard executable
   std::string profile;                  // predict from this profile (else one is taken first)
+  // Every entry this many times, round-robin (a slow moment of the machine hits one run of each, not all runs
+  // of one): medians reported.
+  int repeat = 1;
 };
 
 // Checks the entries (an unknown strategy is a usage error naming --strategies).

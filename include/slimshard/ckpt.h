@@ -32,6 +32,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 // Validates the header against the file (sizes, offsets, dtypes); problems -> UsageError naming file and
 // tensor.
 SafeTensorsFile load_safetensors(const std::string& path);
+// The same from the bytes of a file; `path` names it in messages.
+SafeTensorsFile parse_safetensors(const std::string& raw, const std::string& path);
 // A safetensors dtype name ("F32", "U8", ...) → the scalar type; false if not one this reader knows.
 bool dtype_from(const std::string& name, at::ScalarType* out);
 
@@ -90,6 +92,11 @@ std::string save_checkpoint(Communicator& comm, const std::string& dir, const Ch
                             const std::function<void()>& before_index = nullptr);
 // The newest complete checkpoint under `dir` (or `dir` itself if it is one); "" if none.
 std::string latest_checkpoint(const std::string& dir);
+// The complete checkpoints directly under `dir`, newest first: all of them (run ""), or those whose index
+// says they belong to run `run` (state.run; --keep-last removes only those of the run saving).
+std::vector<std::string> run_checkpoints(const std::string& dir, const std::string& run);
+// A fresh run id: a checkpoint directory belongs to the run that first wrote into it.
+std::string new_run_id();
 // The step, model, plan and state of a checkpoint, from its index alone (to check before loading).
 CheckpointMeta checkpoint_meta(const std::string& path);
 // Reads the index (CRC-checked files, shapes, names) and fills every piece from whatever pieces cover its

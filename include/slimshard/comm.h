@@ -30,8 +30,10 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+constexpr double kMaxTimeoutS = 1e6;
+
 struct CommOptions {
-  double timeout_s = 300;        // watchdog
+  double timeout_s = 300;        // watchdog, at most kMaxTimeoutS
   int64_t shm_bytes = 16 << 20;  // shared-memory staging per rank (two halves, used alternately)
   std::string backend = "auto";  // auto | shm | mpi
 };
@@ -86,5 +88,8 @@ class Communicator {
 
 // Every rank returns `root`'s string (a collective: every rank calls it).
 std::string broadcast_string(Communicator& comm, const std::string& s, int root);
+// Every rank passes its own error ("" if none) and gets the error of the lowest rank that had one, or "" —
+// a collective, so that a check some ranks fail ends the job on all of them with the same message.
+std::string agree_on_error(Communicator& comm, const std::string& error);
 
 }  // namespace slimshard

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -28,6 +29,8 @@ struct ClusterSpec {
   int activation_bytes_per_element = 2;  // 2 for fp16/bf16 activations on GPUs
 };
 ClusterSpec load_cluster(const std::string& path);
+// The same from parsed JSON; `what` names it in messages.
+ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& what);
 
 struct ChoiceCost {
   OpChoice choice;
@@ -91,6 +94,8 @@ class CostModel {
   std::map<int64_t, int64_t> loss_act_, bwd_extra_, loss_peak_;
   std::map<std::string, CollectiveFit> coll_;
   double overlap_ = 1, opt_ns_ = 0, coll_overhead_ = 0;
+  std::map<std::string, double> residual_;  // by strategy name (profile.h: strategy_residual_ms)
+  double param_numel_ = 1;                  // all ops' params, for spreading the residuals
   std::string source_;
   // Op i's moments under a choice in its uniform neighbourhood, by (op, strategy, splits, accumulating).
   mutable std::map<std::tuple<size_t, int, int, bool>, OpMoments> transients_;

@@ -51,7 +51,8 @@ std::unique_ptr<Dataset> open_dataset(const DataOptions& opts);
 std::string kjv_text_path(const std::string& cache_dir);
 
 // llm.c token shard: 256 int32 header (magic 20240520, version 1, token count), then uint16 tokens.
-std::vector<uint16_t> read_llmc_bin(const std::string& path);
+// `flag` names the file's source in messages.
+std::vector<uint16_t> read_llmc_bin(const std::string& path, const std::string& flag = "--data");
 void write_llmc_bin(const std::string& path, const std::vector<uint16_t>& tokens);
 
 // Fashion-MNIST/MNIST gzip IDX: images as uint8 [n, rows, cols], labels as uint8 [n].

@@ -134,6 +134,9 @@ struct ModelConfig {
   int64_t n_layer = 4, n_head = 4, n_embd = 256, seq_len = 128, vocab = 256;
   int64_t image = 28, classes = 10, hidden = 256;
 
+  // Bounds every shape is checked against (flags and files alike): beyond any GPT planned here (175B: 96
+  // layers, 12288 wide, T=2048), small enough that no size computed from them overflows.
+  static constexpr int64_t kMaxLayers = 4096, kMaxWidth = 1 << 17, kMaxSeqLen = 1 << 20, kMaxVocab = 1 << 24;
   bool is_classifier() const { return arch != "gpt"; }
   // Throws UsageError naming the offending field.
   void validate() const;
@@ -182,6 +185,22 @@ void set_op_observer(std::function<void(const Op&, OpPhase)> observer);
 
 // Builds the model with weights drawn from `seed` (the same on every rank).
 std::unique_ptr<Model> build_model(const ModelConfig& config, uint64_t seed);
+
+// An op as plans, the planner and file checks see it: its name and kind, its params' sizes at splits=1
+// (weight, bias) and, for linear ops, the output features (which splits must divide).
+struct OpShape {
+  std::string name, kind;
+  std::vector<int64_t> param_numels;
+  int64_t out_features = 0;
+  bool operator==(const OpShape& o) const {
+    return name == o.name && kind == o.kind && param_numels == o.param_numels &&
+           out_features == o.out_features;
+  }
+};
+// The ops of a model from its config alone, without allocating it (a 175B-parameter GPT is planned, not
+// built); and of a built model, whatever its current splits. Both in model order.
+std::vector<OpShape> op_shapes(const ModelConfig& config);
+std::vector<OpShape> op_shapes(const Model& model);
 
 // Random inputs and targets of `rows` rows for `config` (token ids and next tokens, or images and labels),
 // drawn from `seed`: what the activation probe and the profiler run the model on (their figures do not

@@ -19,22 +19,6 @@ struct OpChoice {
   int splits = 1;
 };
 
-// An op as plans and the planner see it: its name and kind, its params' sizes at splits=1 (weight, bias) and,
-// for linear ops, the output features (which splits must divide).
-struct OpShape {
-  std::string name, kind;
-  std::vector<int64_t> param_numels;
-  int64_t out_features = 0;
-  bool operator==(const OpShape& o) const {
-    return name == o.name && kind == o.kind && param_numels == o.param_numels &&
-           out_features == o.out_features;
-  }
-};
-// The ops of a model from its config alone, without allocating it (a 175B-parameter GPT is planned, not
-// built); and of a built model, whatever its current splits. Both in model order.
-std::vector<OpShape> op_shapes(const ModelConfig& config);
-std::vector<OpShape> op_shapes(const Model& model);
-
 struct PlanEntry {
   std::string pattern;
   bool has_strategy = false, has_splits = false;

@@ -48,7 +48,10 @@ struct Profile {
   std::map<std::string, CollectiveFit> collectives;  // all_gather, reduce_scatter, all_reduce
   double overlap_slowdown = 1;        // compute time while communication runs / compute time alone
   double collective_overhead_ms = 0;  // latency of a zero3 gather waited for among busy threads (fitted)
-  nlohmann::json measured_steps;      // the real steps that latency was fitted to
+  // What a real zero1 / zero2 step took beyond the model's prediction (largest micro-batch), spread over the
+  // ops by their parameters: the cost model's uniform plans then take the time measured.
+  std::map<std::string, double> strategy_residual_ms;
+  nlohmann::json measured_steps;  // the real steps that latency was fitted to
   double optimizer_ns_per_element = 0;
   double reduce_ns_per_byte = 0;  // the comm thread's own work per byte reduced (for scaling to other worlds)
 };
@@ -71,11 +74,13 @@ Profile measure_profile(const ModelConfig& model, const std::vector<int64_t>& mi
 struct MeasuredSteps {
   std::map<int64_t, double> ddp_ms;
   double zero3_ms = 0;
+  std::map<std::string, double> uniform_ms;  // zero1, zero2 at the largest micro-batch
 };
 // Calibration against real steps. (1) Op times measured in isolation run a little faster than inside a whole
 // step, and by how much depends on the micro-batch: each micro-batch's op times are scaled so that the
 // model's DDP step equals the measured one. (2) What a zero3 step costs beyond the model, per gather, is the
-// latency of a gather waited for among busy threads.
+// latency of a gather waited for among busy threads. (3) What a zero1 and a zero2 step cost beyond the model
+// is spread over the ops by their parameters (strategy_residual_ms).
 void calibrate_profile(Profile& p, const MeasuredSteps& steps);
 
 nlohmann::json profile_to_json(const Profile& p);

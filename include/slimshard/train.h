@@ -80,6 +80,7 @@ struct TrainSummary {
   int64_t weights_checksum = 0;
   int64_t slim_rounds = 0, slim_digest = 0;
   bool slim_selection_identical = true;
+  int stop_signal = 0;  // SIGTERM or SIGINT when a signal stopped the run (the process exits 128 + it)
   std::vector<double> losses;
   std::string sample;
 };

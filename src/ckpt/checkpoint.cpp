@@ -5,12 +5,15 @@
 #include <zlib.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "slimshard/ckpt.h"
 #include "slimshard/comm.h"
@@ -25,6 +28,7 @@ namespace {
 
 constexpr const char* kFormat = "slimshard-checkpoint";
 constexpr int kVersion = 2;  // 2: per-piece byte offsets and CRCs
+constexpr int64_t kMaxRanks = 1 << 20, kMaxSteps = int64_t{1} << 50;
 
 std::string rank_file(int r) {
   char b[40];
@@ -34,14 +38,7 @@ std::string rank_file(int r) {
 
 std::string piece_key(const TensorPiece& p) { return p.name + "@" + std::to_string(p.start); }
 
-uint32_t crc_of(const char* data, size_t size) {
-  uLong c = crc32(0L, Z_NULL, 0);
-  for (size_t off = 0; off < size; off += 1u << 30) {
-    const auto n = static_cast<uInt>(std::min<size_t>(size - off, 1u << 30));
-    c = crc32(c, reinterpret_cast<const Bytef*>(data + off), n);
-  }
-  return static_cast<uint32_t>(c);
-}
+uint32_t crc_of(const char* data, size_t size) { return crc32_of(data, size); }
 
 void fsync_dir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
@@ -83,10 +80,14 @@ nlohmann::json read_index(const std::string& path) {
 class PieceReader {
  public:
   PieceReader(std::string path, const nlohmann::json& files) : path_(std::move(path)) {
+    const std::string where = path_ + "/index.json: files";
     try {
-      for (const auto& f : files) info_[f.at("rank").get<int>()] = f;
+      for (const auto& f : files) {
+        const int r = static_cast<int>(json_integer(f.at("rank"), where + ": rank", 0, kMaxRanks));
+        bytes_[r] = json_integer(f.at("bytes"), where + ": bytes", 0, INT64_MAX);
+      }
     } catch (const nlohmann::json::exception& e) {
-      throw UsageError(path_ + "/index.json: bad files entry (" + e.what() + ")");
+      throw UsageError(where + ": bad entry (" + e.what() + ")");
     }
   }
   ~PieceReader() {
@@ -95,13 +96,20 @@ class PieceReader {
   PieceReader(const PieceReader&) = delete;
   PieceReader& operator=(const PieceReader&) = delete;
 
-  // Piece `q` (an index entry: rank, key, start, end, offset, crc32) as a flat tensor of `dtype`.
-  at::Tensor read(const nlohmann::json& q, at::ScalarType dtype) {
-    const int r = q.at("rank").get<int>();
+  // Piece `q` (an index entry: rank, key, start, end, offset, crc32; checked by piece_range) as a flat
+  // tensor of `dtype`. Its bytes must lie inside the rank's file, whose size the index records and the file
+  // has, before anything is allocated.
+  at::Tensor read(const nlohmann::json& q, int r, int64_t start, int64_t end, at::ScalarType dtype) {
     const std::string file = path_ + "/" + rank_file(r);
     const int fd = open(r, file);
-    const int64_t numel = q.at("end").get<int64_t>() - q.at("start").get<int64_t>();
-    const int64_t offset = q.at("offset").get<int64_t>();
+    const int64_t numel = end - start;
+    const int64_t offset = json_integer(q.at("offset"), file + ": piece offset", 0, INT64_MAX);
+    const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
+    if (numel > (bytes_.at(r) - std::min(offset, bytes_.at(r))) / element)
+      throw UsageError(path_ + "/index.json: a piece of " + q.at("key").dump() + " lies outside " +
+                       rank_file(r));
+    const auto crc =
+        static_cast<uint32_t>(json_integer(q.at("crc32"), file + ": piece crc32", 0, UINT32_MAX));
     at::Tensor out = at::empty({numel}, dtype);
     char* dst = static_cast<char*>(out.data_ptr());
     const size_t bytes = out.nbytes();
@@ -112,7 +120,7 @@ class PieceReader {
         throw UsageError(file + ": cannot read tensor " + q.at("key").get<std::string>() + " (truncated)");
       done += static_cast<size_t>(n);
     }
-    if (crc_of(dst, bytes) != q.at("crc32").get<uint32_t>())
+    if (crc_of(dst, bytes) != crc)
       throw UsageError(file + ": checksum mismatch in tensor " + q.at("key").get<std::string>() +
                        " (corrupted)");
     return out;
@@ -122,21 +130,22 @@ class PieceReader {
   int open(int rank, const std::string& file) {
     auto it = fds_.find(rank);
     if (it != fds_.end()) return it->second;
-    auto f = info_.find(rank);
-    if (f == info_.end())
+    auto f = bytes_.find(rank);
+    if (f == bytes_.end())
       throw UsageError(path_ + "/index.json: no file listed for rank " + std::to_string(rank));
     const int fd = ::open(file.c_str(), O_RDONLY);
     if (fd < 0) throw UsageError(file + ": cannot open checkpoint file (" + std::strerror(errno) + ")");
     fds_[rank] = fd;
-    const off_t size = ::lseek(fd, 0, SEEK_END);
-    if (size != f->second.at("bytes").get<off_t>())
-      throw UsageError(file + ": " + std::to_string(size) + " bytes, the index says " +
-                       std::to_string(f->second.at("bytes").get<int64_t>()) + " (truncated or replaced)");
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw UsageError(file + ": not a regular file");
+    if (st.st_size != f->second)
+      throw UsageError(file + ": " + std::to_string(st.st_size) + " bytes, the index says " +
+                       std::to_string(f->second) + " (truncated or replaced)");
     return fd;
   }
 
   std::string path_;
-  std::map<int, nlohmann::json> info_;
+  std::map<int, int64_t> bytes_;  // each rank file's size, as the index records it
   std::map<int, int> fds_;
 };
 
@@ -270,8 +279,8 @@ void publish(const std::string& dir, const std::string& partial, const std::stri
   if (ec) throw RuntimeError("cannot rename " + partial + " to " + final_dir + ": " + ec.message());
   fsync_dir(dir);
   if (keep_last > 0) {
-    const auto done = checkpoints_in(dir);
-    for (size_t i = static_cast<size_t>(keep_last); i < done.size(); ++i) fs::remove_all(done[i].second, ec);
+    const auto mine = run_checkpoints(dir, meta.state.value("run", std::string()));
+    for (size_t i = static_cast<size_t>(keep_last); i < mine.size(); ++i) fs::remove_all(mine[i], ec);
   }
 }
 
@@ -317,6 +326,31 @@ std::string save_checkpoint(Communicator& comm, const std::string& dir, const Ch
   return final_dir;
 }
 
+std::vector<std::string> run_checkpoints(const std::string& dir, const std::string& run) {
+  std::vector<std::string> out;
+  for (const auto& [step, path] : checkpoints_in(dir)) {
+    if (!run.empty()) {
+      try {
+        if (read_index(path).value("state", nlohmann::json::object()).value("run", std::string()) != run)
+          continue;
+      } catch (const UsageError&) {
+        continue;  // unreadable: not this run's to remove
+      }
+    }
+    out.push_back(path);
+  }
+  return out;
+}
+
+std::string new_run_id() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                     static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  char b[24];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
 std::string latest_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (fs::exists(fs::path(dir) / "index.json", ec)) return dir;
@@ -328,15 +362,40 @@ namespace {
 CheckpointMeta meta_of(const nlohmann::json& index, const std::string& where) {
   CheckpointMeta meta;
   try {
-    meta.step = index.at("step").get<int64_t>();
+    meta.step = json_integer(index.at("step"), where + ": step", 0, kMaxSteps);
     meta.model = index.at("model");
-    meta.plan = index.value("plan", nlohmann::json());
+    if (!meta.model.is_object()) throw UsageError(where + ": model: not an object");
+    meta.plan = index.value("plan", nlohmann::json::object());
     meta.state = index.value("state", nlohmann::json::object());
+    if (!meta.plan.is_object() || !meta.state.is_object())
+      throw UsageError(where + ": plan and state must be objects");
+    // The trainer state's numbers, exactly: a resumed run continues from them.
+    for (const char* key : {"optimizer_steps", "data_position", "global_batch"})
+      if (meta.state.contains(key)) json_integer(meta.state[key], where + ": state." + key, 0, kMaxSteps);
+    if (meta.plan.contains("world")) json_integer(meta.plan["world"], where + ": plan.world", 1, kMaxRanks);
     for (const auto& t : index.at("tensors").items()) meta.tensors.push_back(t.key());
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(where + ": bad entry (" + e.what() + ")");
   }
   return meta;
+}
+
+// A logical tensor's shape from the index: at most 8 sizes, their product bounded.
+std::vector<int64_t> shape_of(const nlohmann::json& t, const std::string& what, int64_t* numel) {
+  constexpr int64_t kMaxElements = int64_t{1} << 40;
+  const nlohmann::json& dims = t.at("shape");
+  if (!dims.is_array() || dims.size() > 8)
+    throw UsageError(what + ": shape must be a list of at most 8 sizes");
+  std::vector<int64_t> shape;
+  *numel = 1;
+  for (const auto& d : dims) {
+    const int64_t v = json_integer(d, what + ": shape", 0, kMaxElements);
+    if (v > 0 && *numel > kMaxElements / v)
+      throw UsageError(what + ": shape " + dims.dump() + " is too large");
+    *numel *= v;
+    shape.push_back(v);
+  }
+  return shape;
 }
 }  // namespace
 
@@ -348,12 +407,14 @@ CheckpointMeta load_checkpoint(const std::string& path, int rank, const std::vec
   const nlohmann::json index = read_index(path);
   const std::string where = path + "/index.json";
   const CheckpointMeta meta = meta_of(index, where);
-  PieceReader files(path, index["files"]);
+  PieceReader files(path, index.at("files"));
   try {
     for (const TensorPiece& p : pieces) {
-      const auto t = index["tensors"].find(p.name);
-      if (t == index["tensors"].end()) throw UsageError(where + ": tensor " + p.name + " is missing");
-      if (t->at("shape").get<std::vector<int64_t>>() != p.shape)
+      const auto t = index.at("tensors").find(p.name);
+      if (t == index.at("tensors").end()) throw UsageError(where + ": tensor " + p.name + " is missing");
+      if (!t->is_object()) throw UsageError(where + ": tensor " + p.name + ": not an object");
+      int64_t numel = 0;
+      if (shape_of(*t, where + ": tensor " + p.name, &numel) != p.shape)
         throw UsageError(where + ": tensor " + p.name + " has shape " + t->at("shape").dump() +
                          ", this model expects " + nlohmann::json(p.shape).dump());
       at::ScalarType type;
@@ -364,19 +425,23 @@ CheckpointMeta load_checkpoint(const std::string& path, int rank, const std::vec
       const int64_t lo = p.start, hi = p.start + p.data.numel();
       const bool per_rank = t->value("per_rank", false);
       int from = -1;  // per-rank tensors: this rank's own copy if the checkpoint has one, else rank 0's
+      const std::string piece = where + ": tensor " + p.name + ": piece";
+      if (!t->at("pieces").is_array())
+        throw UsageError(where + ": tensor " + p.name + ": pieces is not a list");
       if (per_rank)
-        for (const auto& q : t->at("pieces")) from = q["rank"].get<int>() == rank ? rank : std::max(from, 0);
+        for (const auto& q : t->at("pieces"))
+          from = json_integer(q.at("rank"), piece + " rank", 0, kMaxRanks) == rank ? rank : std::max(from, 0);
       int64_t covered = 0;
       at::Tensor dst = p.data.reshape({-1});
       for (const auto& q : t->at("pieces")) {
-        const int r = q.at("rank").get<int>();
+        const int r = static_cast<int>(json_integer(q.at("rank"), piece + " rank", 0, kMaxRanks));
+        const int64_t start = json_integer(q.at("start"), piece + " start", 0, numel);
+        const int64_t end = json_integer(q.at("end"), piece + " end", start, numel);
         if (per_rank && r != from) continue;
-        const int64_t a = std::max(lo, q.at("start").get<int64_t>()),
-                      b = std::min(hi, q.at("end").get<int64_t>());
+        const int64_t a = std::max(lo, start), b = std::min(hi, end);
         if (a >= b) continue;
-        const at::Tensor src = files.read(q, dst.scalar_type());
-        dst.slice(0, a - lo, b - lo)
-            .copy_(src.slice(0, a - q["start"].get<int64_t>(), b - q["start"].get<int64_t>()));
+        const at::Tensor src = files.read(q, r, start, end, dst.scalar_type());
+        dst.slice(0, a - lo, b - lo).copy_(src.slice(0, a - start, b - start));
         covered += b - a;
       }
       if (covered != hi - lo)
@@ -391,24 +456,43 @@ CheckpointMeta load_checkpoint(const std::string& path, int rank, const std::vec
 
 NamedTensors read_checkpoint_tensors(const std::string& path, CheckpointMeta* meta) {
   const nlohmann::json index = read_index(path);
-  NamedTensors out;
-  std::vector<TensorPiece> whole;
+  const std::string where = path + "/index.json";
+  struct Declared {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t numel = 0;
+    at::ScalarType type = at::kFloat;
+  };
+  std::vector<Declared> declared;
   try {
-    for (const auto& [name, t] : index["tensors"].items()) {
-      TensorPiece p;
-      p.name = name;
-      p.shape = t.at("shape").get<std::vector<int64_t>>();
-      int64_t n = 1;
-      for (int64_t d : p.shape) n *= d;
-      at::ScalarType type;
-      if (!dtype_from(t.value("dtype", "F32"), &type))
-        throw UsageError(path + "/index.json: tensor " + name + ": unknown dtype " + t["dtype"].dump());
-      p.data = at::empty({n}, type);
-      whole.push_back(p);
-      out.emplace_back(name, p.data.view(p.shape));
+    // Every tensor whole: no more bytes than the rank files hold, checked before anything is allocated.
+    int64_t file_bytes = 0, want = 0;
+    for (const auto& f : index.at("files"))
+      file_bytes += json_integer(f.at("bytes"), where + ": files: bytes", 0, INT64_MAX / 4);
+    for (const auto& [name, t] : index.at("tensors").items()) {
+      Declared d;
+      d.name = name;
+      if (!t.is_object() || !dtype_from(t.value("dtype", "F32"), &d.type))
+        throw UsageError(where + ": tensor " + name + ": unknown dtype");
+      d.shape = shape_of(t, where + ": tensor " + name, &d.numel);
+      want += d.numel * static_cast<int64_t>(c10::elementSize(d.type));
+      if (want > file_bytes)
+        throw UsageError(where + ": the tensors need more bytes than the rank files hold (" +
+                         std::to_string(file_bytes) + ")");
+      declared.push_back(std::move(d));
     }
   } catch (const nlohmann::json::exception& e) {
-    throw UsageError(path + "/index.json: bad entry (" + e.what() + ")");
+    throw UsageError(where + ": bad entry (" + e.what() + ")");
+  }
+  NamedTensors out;
+  std::vector<TensorPiece> whole;
+  for (const Declared& d : declared) {
+    TensorPiece p;
+    p.name = d.name;
+    p.shape = d.shape;
+    p.data = at::empty({d.numel}, d.type);
+    out.emplace_back(d.name, p.data.view(d.shape));
+    whole.push_back(std::move(p));
   }
   CheckpointMeta m = load_checkpoint(path, 0, whole);
   if (meta) *meta = m;
@@ -446,52 +530,60 @@ std::string nanogpt_name(const std::string& n) {
 
 std::string export_checkpoint(const std::string& dir, const std::string& out, const std::string& loss_text,
                               double* loss) {
+  const std::string stem = out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0
+                               ? out.substr(0, out.size() - 12)
+                               : out;
+  check_output_file(out, "export");
+  check_output_file(stem + ".config.json", "export");
   const std::string path = latest_checkpoint(dir);
   if (path.empty()) throw UsageError("export: " + dir + ": no complete checkpoint there");
+  // Everything is read and checked before anything is written: the config, the --loss-on text, the tensors.
+  const nlohmann::json model = checkpoint_meta(path).model;
+  const ModelConfig cfg = ModelConfig::from_json(model, path + "/index.json");
+  const bool gpt = cfg.arch == "gpt";
+  std::string text;
+  if (!loss_text.empty()) {
+    if (!gpt) throw UsageError("export --loss-on: only for GPT checkpoints");
+    text = read_file(loss_text, "--loss-on");
+    const int64_t need = 4 * (cfg.seq_len + 1);
+    if (static_cast<int64_t>(text.size()) < need)
+      throw UsageError("--loss-on " + loss_text + ": needs at least " + std::to_string(need) + " bytes");
+  }
   CheckpointMeta meta;
   NamedTensors all = read_checkpoint_tensors(path, &meta);
-  const bool gpt = meta.model.value("arch", "") == "gpt";
+  auto whole = model_from_values(cfg, all);  // checks every tensor against the config
+  if (!text.empty() && loss) {
+    // The model's loss on the first 4 rows of T+1 bytes of the file: an oracle for other implementations.
+    const int64_t rows = 4, T = cfg.seq_len;
+    at::Tensor tok = at::empty({rows, T + 1}, at::kLong);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t t = 0; t <= T; ++t)
+        tok[r][t] =
+            static_cast<int64_t>(static_cast<unsigned char>(text[static_cast<size_t>(r * (T + 1) + t)]));
+    at::NoGradGuard no_grad;
+    *loss = whole->loss(tok.slice(1, 0, T), tok.slice(1, 1, T + 1)).item<double>();
+  }
   NamedTensors weights;
   for (auto& [name, t] : all) {
     const bool param = name.size() > 7 && (name.compare(name.size() - 7, 7, ".weight") == 0 ||
                                            name.compare(name.size() - 5, 5, ".bias") == 0);
     if (param) weights.emplace_back(gpt ? nanogpt_name(name) : name, t);
   }
-  save_safetensors(out, weights, {{"format", "pt"}, {"slimshard.model", meta.model.dump()}});
-  nlohmann::json config = meta.model;
+  nlohmann::json config = model;
   if (gpt)
-    config = {{"model_type", "gpt2"},
-              {"n_layer", meta.model["n_layer"]},
-              {"n_head", meta.model["n_head"]},
-              {"n_embd", meta.model["n_embd"]},
-              {"block_size", meta.model["seq_len"]},
-              {"vocab_size", meta.model["vocab"]},
-              {"bias", true},
-              {"lm_head_bias", false}};
+    config = {{"model_type", "gpt2"}, {"n_layer", cfg.n_layer},    {"n_head", cfg.n_head},
+              {"n_embd", cfg.n_embd}, {"block_size", cfg.seq_len}, {"vocab_size", cfg.vocab},
+              {"bias", true},         {"lm_head_bias", false}};
   config["step"] = meta.step;
-  const std::string stem = out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0
-                               ? out.substr(0, out.size() - 12)
-                               : out;
+  // Both files or neither: the config first, and taken back if the weights cannot be written.
+  const std::string bytes = safetensors_bytes(weights, {{"format", "pt"}, {"slimshard.model", model.dump()}});
   write_file_atomic(stem + ".config.json", config.dump(2) + "\n");
-  if (!loss_text.empty() && loss) {
-    // The model's loss on the first 4 rows of T+1 bytes of the file: an oracle for other implementations.
-    if (!gpt) throw UsageError("export --loss-on: only for GPT checkpoints");
-    const ModelConfig cfg = ModelConfig::from_json(meta.model, path + "/index.json");
-    const std::string text = read_file(loss_text, "--loss-on");
-    const int64_t rows = 4, T = cfg.seq_len;
-    if (static_cast<int64_t>(text.size()) < rows * (T + 1))
-      throw UsageError("--loss-on " + loss_text + ": needs at least " + std::to_string(rows * (T + 1)) +
-                       " bytes");
-    at::Tensor tok = at::empty({rows, T + 1}, at::kLong);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t t = 0; t <= T; ++t)
-        tok[r][t] =
-            static_cast<int64_t>(static_cast<unsigned char>(text[static_cast<size_t>(r * (T + 1) + t)]));
-    NamedTensors values;
-    for (auto& [name, t] : all) values.emplace_back(name, t);
-    auto model = model_from_values(cfg, values);
-    at::NoGradGuard no_grad;
-    *loss = model->loss(tok.slice(1, 0, T), tok.slice(1, 1, T + 1)).item<double>();
+  try {
+    write_file_atomic(out, bytes);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(stem + ".config.json", ec);
+    throw;
   }
   return path;
 }

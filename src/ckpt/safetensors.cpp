@@ -1,6 +1,7 @@
 // safetensors.cpp — the safetensors format: 8-byte little-endian header length, a JSON header mapping each
 // tensor name to {dtype, shape, data_offsets} (plus optional "__metadata__" of strings), then the raw bytes.
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -65,8 +66,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   write_file_atomic(path, safetensors_bytes(tensors, metadata));
 }
 
-SafeTensorsFile load_safetensors(const std::string& path) {
-  const std::string raw = read_file(path, "safetensors file");
+SafeTensorsFile parse_safetensors(const std::string& raw, const std::string& path) {
   if (raw.size() < 8) throw UsageError(path + ": truncated (no safetensors header)");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i)
@@ -79,36 +79,48 @@ SafeTensorsFile load_safetensors(const std::string& path) {
   std::vector<std::pair<size_t, std::string>> order;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
+      if (!it->is_object()) throw UsageError(path + ": __metadata__ is not an object");
       for (auto m = it->begin(); m != it->end(); ++m)
         if (m->is_string()) f.metadata[m.key()] = m->get<std::string>();
       continue;
     }
     const std::string& name = it.key();
+    const std::string what = path + ": tensor " + name;
     at::ScalarType type;
     std::vector<int64_t> shape;
     size_t b = 0, e = 0;
-    try {
-      if (!dtype_from(it->at("dtype").get<std::string>(), &type))
-        throw UsageError(path + ": tensor " + name + ": unsupported dtype " + it->at("dtype").dump());
-      shape = it->at("shape").get<std::vector<int64_t>>();
-      b = it->at("data_offsets").at(0).get<size_t>();
-      e = it->at("data_offsets").at(1).get<size_t>();
-    } catch (const nlohmann::json::exception& ex) {
-      throw UsageError(path + ": tensor " + name + ": bad header entry (" + ex.what() + ")");
-    }
+    // Declared sizes are checked against the file before anything is allocated: no product overflows, and
+    // the bytes the shape needs are the bytes its offsets span, inside the file.
+    constexpr int64_t kMaxElements = int64_t{1} << 40;
     int64_t numel = 1;
-    for (int64_t d : shape) {
-      if (d < 0) throw UsageError(path + ": tensor " + name + ": negative dimension");
-      numel *= d;
+    try {
+      if (!it->is_object()) throw UsageError(what + ": header entry is not an object");
+      if (!dtype_from(it->at("dtype").get<std::string>(), &type))
+        throw UsageError(what + ": unsupported dtype " + it->at("dtype").dump());
+      const auto& dims = it->at("shape");
+      if (!dims.is_array() || dims.size() > 8)
+        throw UsageError(what + ": shape must be a list of at most 8 sizes");
+      for (const auto& d : dims) {
+        const int64_t v = json_integer(d, what + ": shape", 0, kMaxElements);
+        if (v > 0 && numel > kMaxElements / v)
+          throw UsageError(what + ": shape " + dims.dump() + " is too large");
+        numel *= v;
+        shape.push_back(v);
+      }
+      const auto& off = it->at("data_offsets");
+      if (!off.is_array() || off.size() != 2) throw UsageError(what + ": data_offsets must be [begin, end]");
+      b = static_cast<size_t>(json_integer(off[0], what + ": data_offsets", 0, INT64_MAX));
+      e = static_cast<size_t>(json_integer(off[1], what + ": data_offsets", 0, INT64_MAX));
+    } catch (const nlohmann::json::exception& ex) {
+      throw UsageError(what + ": bad header entry (" + ex.what() + ")");
     }
     const size_t want = static_cast<size_t>(numel) * c10::elementSize(type);
     if (e < b || e - b != want)
-      throw UsageError(path + ": tensor " + name + ": data_offsets [" + std::to_string(b) + ", " +
-                       std::to_string(e) + ") do not match its shape and dtype (" + std::to_string(want) +
-                       " bytes)");
+      throw UsageError(what + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
+                       ") do not match its shape and dtype (" + std::to_string(want) + " bytes)");
     if (e > data_size)
-      throw UsageError(path + ": tensor " + name + ": truncated (needs bytes up to " + std::to_string(e) +
-                       ", file has " + std::to_string(data_size) + ")");
+      throw UsageError(what + ": truncated (needs bytes up to " + std::to_string(e) + ", file has " +
+                       std::to_string(data_size) + ")");
     at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
     if (want) std::memcpy(t.data_ptr(), raw.data() + data_start + b, want);
     order.emplace_back(b, name);
@@ -124,6 +136,10 @@ SafeTensorsFile load_safetensors(const std::string& path) {
   return f;
 }
 
+SafeTensorsFile load_safetensors(const std::string& path) {
+  return parse_safetensors(read_file(path, "safetensors file"), path);
+}
+
 namespace {
 
 // Joins "name#0", "name#1", ... (row blocks of a split op) into "name", in block order.
@@ -136,9 +152,13 @@ NamedTensors join_blocks(const NamedTensors& in) {
       out.emplace_back(name, t);
       continue;
     }
-    const std::string base = name.substr(0, hash);
+    const std::string base = name.substr(0, hash), index = name.substr(hash + 1);
+    int block = -1;
+    const auto [end, ec] = std::from_chars(index.data(), index.data() + index.size(), block);
+    if (ec != std::errc() || end != index.data() + index.size() || block < 0 || block > 1 << 16)
+      throw UsageError("tensor " + name + ": '#" + index + "' is not a block number");
     if (!blocks.count(base)) out.emplace_back(base, at::Tensor());
-    blocks[base].emplace_back(std::stoi(name.substr(hash + 1)), t);
+    blocks[base].emplace_back(block, t);
   }
   for (auto& [name, t] : out) {
     if (t.defined()) continue;
@@ -153,9 +173,24 @@ NamedTensors join_blocks(const NamedTensors& in) {
 
 }  // namespace
 
+namespace {
+// The CRC-32 of every tensor's bytes in order: a model file is checked whole before it is used.
+uint32_t tensors_crc(const NamedTensors& tensors) {
+  uint32_t crc = 0;
+  for (const auto& [name, t] : tensors) {
+    const at::Tensor c = t.contiguous();
+    crc = crc32_of(c.data_ptr(), c.nbytes(), crc);
+  }
+  return crc;
+}
+}  // namespace
+
 void save_model_file(const std::string& path, const ModelConfig& config, const NamedTensors& full_values) {
-  save_safetensors(path, join_blocks(full_values),
-                   {{"format", "slimshard.model"}, {"slimshard.model", config.to_json().dump()}});
+  const NamedTensors joined = join_blocks(full_values);
+  save_safetensors(path, joined,
+                   {{"format", "slimshard.model"},
+                    {"slimshard.model", config.to_json().dump()},
+                    {"slimshard.crc32", std::to_string(tensors_crc(joined))}});
 }
 
 void save_model_file(const std::string& path, Model& model) {
@@ -166,6 +201,19 @@ void save_model_file(const std::string& path, Model& model) {
 
 std::unique_ptr<Model> model_from_values(const ModelConfig& config, const NamedTensors& full_values) {
   const NamedTensors joined = join_blocks(full_values);
+  // The config's sizes are checked against the tensors before the model is built (a config can ask for
+  // terabytes; the tensors hold what is really there).
+  std::map<std::string, int64_t> have;
+  for (const auto& [name, t] : joined) have[name] = t.numel();
+  for (const OpShape& op : op_shapes(config))
+    for (size_t k = 0; k < op.param_numels.size(); ++k) {
+      const std::string name = op.name + (k == 0 ? ".weight" : ".bias");
+      auto it = have.find(name);
+      if (it == have.end()) throw UsageError("tensor " + name + " is missing");
+      if (it->second != op.param_numels[k])
+        throw UsageError("tensor " + name + " has " + std::to_string(it->second) +
+                         " elements, the model config " + "asks for " + std::to_string(op.param_numels[k]));
+    }
   auto model = build_model(config, 0);
   for (ShardedParam* p : model->params().all()) {
     const at::Tensor* t = nullptr;
@@ -186,6 +234,11 @@ std::unique_ptr<Model> load_model_file(const std::string& path) {
   if (it == f.metadata.end())
     throw UsageError(path + ": not a slimshard model file (no slimshard.model metadata)");
   const nlohmann::json cj = parse_json(it->second, path + ": corrupt model config");
+  auto crc = f.metadata.find("slimshard.crc32");
+  if (crc == f.metadata.end())
+    throw UsageError(path + ": no checksum (slimshard.crc32; written by an older slimshard? save it again)");
+  if (crc->second != std::to_string(tensors_crc(f.tensors)))
+    throw UsageError(path + ": checksum mismatch (corrupted: the weights are not what was saved)");
   try {
     return model_from_values(ModelConfig::from_json(cj, path), f.tensors);
   } catch (const UsageError& e) {

@@ -53,6 +53,7 @@ Runner add_bench(CLI::App& app) {
     TrainFlags t;
     int ranks = 2;
     std::string strategies = "ddp,zero1,zero2,zero3", json, mpirun;
+    int repeat = 1;
   };
   auto flags = std::make_shared<Flags>();
   flags->t.train.steps = 10;
@@ -68,21 +69,26 @@ Runner add_bench(CLI::App& app) {
   add_train_flags(sub, flags->t);
   sub->add_option("-n,--ranks", flags->ranks, "ranks per run")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(integer(1, 4096));
   sub->add_option("--strategies", flags->strategies, "comma-separated strategies and plan files")
       ->capture_default_str();
   sub->add_option("--json", flags->json, "write the results as JSON");
+  sub->add_option("--repeat", flags->repeat, "run every entry this many times, round-robin; report medians")
+      ->capture_default_str()
+      ->check(integer(1, 100));
   sub->add_option("--mpirun", flags->mpirun,
                   "launcher prefix (default: mpirun --oversubscribe [--allow-run-as-root])");
   return [flags]() {
+    if (!flags->json.empty()) check_output_file(flags->json, "--json");
     BenchOptions bench;
     bench.base = run_spec(train_options(flags->t), flags->ranks);
     bench.entries = split_list(flags->strategies);
     check_bench_entries(bench.entries);
     // Bench's own flags and the ones each run sets itself are not forwarded.
-    bench.train_args = flags_among({"-n", "--ranks", "--strategies", "--json", "--mpirun", "--strategy",
-                                    "--plan", "--metrics", "--save-model", "--sample-tokens", "--profile"},
-                                   false);
+    bench.train_args =
+        flags_among({"-n", "--ranks", "--strategies", "--json", "--mpirun", "--strategy", "--plan",
+                     "--metrics", "--save-model", "--sample-tokens", "--profile", "--repeat"},
+                    false);
     if (!has_flag(bench.train_args, "--steps"))
       bench.train_args.push_back("--steps=" + std::to_string(flags->t.train.steps));
     if (!has_flag(bench.train_args, "--eval-rows")) bench.train_args.push_back("--eval-rows=8");
@@ -96,6 +102,7 @@ Runner add_bench(CLI::App& app) {
                                             : std::string("mpirun --oversubscribe") +
                                                   (::geteuid() == 0 ? " --allow-run-as-root" : "");
     bench.profile = flags->t.train.profile;
+    bench.repeat = flags->repeat;
     std::fprintf(stderr, "bench: %s, %d ranks, global batch %lld, %lld steps per run (median after 2)\n",
                  bench.base.model.describe().c_str(), flags->ranks, (long long)bench.base.cost.global_batch,
                  (long long)flags->t.train.steps);

@@ -26,17 +26,17 @@ Runner add_generate(CLI::App& app) {
   sub->add_option("--prompt", flags->g.prompt, "text to continue")->capture_default_str();
   sub->add_option("--tokens", flags->g.tokens, "tokens to generate")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(integer(1, 1 << 20));
   sub->add_option("--temperature", flags->g.temperature, "0 = greedy")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(real(0, 100));
   sub->add_option("--top-k", flags->g.top_k, "sample among the k likeliest (0 = all)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--seed", flags->g.seed, "sampling seed")->capture_default_str();
+      ->check(integer(0, 1 << 24));
+  sub->add_option("--seed", flags->g.seed, "sampling seed")->capture_default_str()->check(seed_value());
   sub->add_option("--threads", flags->threads, "LibTorch threads")
       ->capture_default_str()
-      ->check(CLI::Range(1, 256));
+      ->check(integer(1, 256));
   return [flags]() {
     at::set_num_threads(flags->threads);
     auto model = load_model_file(flags->model_file);

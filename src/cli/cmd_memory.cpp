@@ -21,28 +21,29 @@ Runner add_memory(CLI::App& app) {
       "  slimshard memory --model gpt-small --world 4 --plan plan.json");
   add_model_flags(sub, flags->t);
   TrainOptions& train = flags->t.train;
-  sub->add_option("--world", flags->world, "ranks")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--world", flags->world, "ranks")->capture_default_str()->check(integer(1, 1 << 20));
   sub->add_option("--strategy", train.strategy, "ddp | zero1 | zero2 | zero3 | slim for every op")
       ->capture_default_str()
       ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3", "slim"}));
   sub->add_option("--plan", train.plan_file, "per-op strategies and splits (JSON)");
   sub->add_option("--batch-size", train.batch_size, "global batch in rows")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(integer(1, 1 << 30));
   sub->add_option("--micro-batch", train.micro_batch,
                   "rows per forward/backward (default: the per-rank batch)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer(1, 1 << 30));
   sub->add_option("--prefetch", train.prefetch, "zero3 prefetch depth")
       ->capture_default_str()
-      ->check(CLI::Range(0, 64));
+      ->check(integer(0, 64));
   sub->add_option("--optimizer", train.optim.name, "adamw | sgd")
       ->capture_default_str()
       ->check(CLI::IsMember({"adamw", "sgd"}));
-  sub->add_option("--seed", train.seed, "seed")->capture_default_str();
+  sub->add_option("--seed", train.seed, "seed")->capture_default_str()->check(seed_value());
   sub->add_option("--json", flags->json, "also write the estimate as JSON");
   return [flags]() {
     TrainOptions train = flags->t.train;
     train.model = model_from_flags(flags->t);
+    if (!flags->json.empty()) check_output_file(flags->json, "--json");
     const MemoryEstimate est = estimate_for(run_spec(train, flags->world));
     std::printf("%s on %d rank(s), %s, per rank:\n", train.model.describe().c_str(), flags->world,
                 train.plan_file.empty() ? ("--strategy " + train.strategy).c_str()

@@ -28,7 +28,7 @@ Runner add_plan(CLI::App& app) {
   add_model_flags(sub, flags->t);
   TrainOptions& train = flags->t.train;
   sub->add_option("--world", flags->world, "ranks (default: the profile's, or the cluster's devices)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(integer(1, 1 << 20));
   sub->add_option("--mem-limit", flags->t.mem_limit,
                   "memory budget per rank, e.g. 500MiB (default: none, or the cluster's)");
   sub->add_option("--profile", flags->profile, "profile from `slimshard profile`");
@@ -40,10 +40,10 @@ Runner add_plan(CLI::App& app) {
   sub->add_option("--batch-size", train.batch_size,
                   "global batch in rows (kept; accumulation makes up the rest)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(integer(1, 1 << 30));
   sub->add_option("--prefetch", train.prefetch, "zero3 prefetch depth")
       ->capture_default_str()
-      ->check(CLI::Range(0, 64));
+      ->check(integer(0, 64));
   sub->add_option("--optimizer", train.optim.name, "adamw | sgd")
       ->capture_default_str()
       ->check(CLI::IsMember({"adamw", "sgd"}));
@@ -54,6 +54,8 @@ Runner add_plan(CLI::App& app) {
   sub->add_option("--svg", flags->svg, "also draw the plan as an SVG page");
   sub->add_flag("--quiet", flags->quiet, "totals only, no per-op table");
   return [flags]() {
+    check_output_file(flags->out, "--out");
+    if (!flags->svg.empty()) check_output_file(flags->svg, "--svg");
     RunSpec spec = run_spec(train_options(flags->t), flags->world);
     spec.cost.allow_splits = !flags->no_splits;
     const PlanReport rep = plan_offline(

@@ -29,10 +29,11 @@ Runner add_plot(CLI::App& app) {
   sub->add_option("--mean-of", flags->mean_of,
                   "plot the mean of every K consecutive points (e.g. the training loss)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(integer(1, 1 << 20));
   sub->add_option("--title", flags->title, "chart title (default: y by x)");
   sub->add_option("--out", flags->out, "SVG file to write")->capture_default_str();
   return [flags]() {
+    check_output_file(flags->out, "--out");
     std::vector<Curve> curves;
     for (const std::string& spec : flags->files)
       curves.push_back(metrics_curve(spec, flags->x, flags->y, flags->mean_of));

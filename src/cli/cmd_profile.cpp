@@ -30,15 +30,16 @@ Runner add_profile(CLI::App& app) {
   sub->add_option("--out", flags->out, "profile file to write")->capture_default_str();
   sub->add_option("--repeats", flags->repeats, "timed repeats per measurement (median)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 100));
-  sub->add_option("--seed", flags->t.train.seed, "seed")->capture_default_str();
+      ->check(integer(1, 100));
+  sub->add_option("--seed", flags->t.train.seed, "seed")->capture_default_str()->check(seed_value());
   sub->add_option("--threads", flags->t.train.threads, "LibTorch threads per process")
       ->capture_default_str()
-      ->check(CLI::Range(1, 256));
+      ->check(integer(1, 256));
   add_comm_flags(sub, flags->t.comm);
   return [flags]() {
     const ModelConfig model = model_from_flags(flags->t);
     const auto micro = parse_sizes(flags->micro, "--micro-batch");
+    check_output_file(flags->out, "--out");
     Communicator& comm = start_comm(flags->t.comm);
     at::set_num_threads(flags->t.train.threads);
     ProfileOptions profile_opts;

@@ -50,31 +50,37 @@ ModelConfig model_from_flags(const TrainFlags& flags) {
 void add_model_flags(CLI::App* sub, TrainFlags& flags) {
   sub->add_option("--model", flags.model, "gpt | gpt-tiny | gpt-small | gpt-25m | gpt2-124m | mlp | cnn")
       ->capture_default_str();
+  // The bounds of ModelConfig::validate (a planner may plan a 175B GPT, not a 10^15-parameter one).
   flags.o_layer =
-      sub->add_option("--n-layer", flags.n_layer, "GPT: transformer blocks (overrides the preset)");
-  flags.o_head = sub->add_option("--n-head", flags.n_head, "GPT: attention heads");
-  flags.o_embd = sub->add_option("--n-embd", flags.n_embd, "GPT: embedding width");
-  flags.o_seq = sub->add_option("--seq-len", flags.seq_len, "GPT: context length in tokens");
-  flags.o_vocab = sub->add_option("--vocab", flags.vocab, "GPT: vocabulary size (256 for byte-level text)");
+      sub->add_option("--n-layer", flags.n_layer, "GPT: transformer blocks (overrides the preset)")
+          ->check(integer(1, ModelConfig::kMaxLayers));
+  flags.o_head = sub->add_option("--n-head", flags.n_head, "GPT: attention heads")
+                     ->check(integer(1, ModelConfig::kMaxWidth));
+  flags.o_embd = sub->add_option("--n-embd", flags.n_embd, "GPT: embedding width")
+                     ->check(integer(1, ModelConfig::kMaxWidth));
+  flags.o_seq = sub->add_option("--seq-len", flags.seq_len, "GPT: context length in tokens")
+                    ->check(integer(1, ModelConfig::kMaxSeqLen));
+  flags.o_vocab = sub->add_option("--vocab", flags.vocab, "GPT: vocabulary size (256 for byte-level text)")
+                      ->check(integer(1, ModelConfig::kMaxVocab));
 }
 
 void add_slim_flags(CLI::App* sub, SlimOptions& slim) {
   sub->add_option("--slim-period", slim.period, "Slim-DP: steps per communication round (tau)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(integer(1, 1 << 20));
   sub->add_option("--slim-core", slim.core, "Slim-DP: fraction of each tensor in the core (alpha)")
       ->capture_default_str()
-      ->check(CLI::Range(1e-9, 1.0));
+      ->check(real(0, 1, /*open_lo=*/true));
   sub->add_option("--slim-explore", slim.explore, "Slim-DP: fraction of the rest explored per round (beta)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(real(0, 1));
   sub->add_option("--slim-refresh", slim.refresh, "Slim-DP: rounds between core refreshes (q)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(integer(1, 1 << 20));
   sub->add_option("--slim-full-sync", slim.full_sync_every,
                   "Slim-DP: a full synchronisation every N rounds (0 = off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer(0, 1 << 30));
   sub->add_option("--slim-adam", slim.adam,
                   "Slim-DP: local = each rank's AdamW as is; corrected = its second moment corrected to the "
                   "average of N ranks' gradients")
@@ -112,76 +118,78 @@ void add_train_flags(CLI::App* sub, TrainFlags& flags) {
   sub->add_option("--prefetch", train.prefetch,
                   "zero3: all-gathers issued this many params ahead (0 = on demand)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 64));
+      ->check(integer(0, 64));
   sub->add_option("--steps", train.steps, "optimizer steps")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(integer(1, 1000000000000));
   sub->add_option("--batch-size", train.batch_size,
                   "global batch in rows (sequences or images), over all ranks")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(integer(1, 1 << 30));
   sub->add_option(
          "--micro-batch", train.micro_batch,
          "rows per forward/backward; the per-rank batch is accumulated over micro-batches (default: all)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--lr", train.lr, "peak learning rate")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(integer(1, 1 << 30));
+  sub->add_option("--lr", train.lr, "peak learning rate")->capture_default_str()->check(positive_real(100));
   sub->add_option("--min-lr", train.min_lr, "learning rate at the end of the cosine decay (default lr/10)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(real(0, 100));
   sub->add_option("--warmup", train.warmup, "linear warmup steps (default min(100, steps/10))")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer(0, 1000000000000));
   sub->add_option("--optimizer", train.optim.name, "adamw | sgd (with momentum)")
       ->capture_default_str()
       ->check(CLI::IsMember({"adamw", "sgd"}));
   sub->add_option("--weight-decay", train.optim.weight_decay, "weight decay (matrices only)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(real(0, 10));
   sub->add_option("--beta1", train.optim.beta1, "AdamW beta1")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(real(0, 1, false, /*open_hi=*/true));
   sub->add_option("--beta2", train.optim.beta2, "AdamW beta2")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(real(0, 1, false, /*open_hi=*/true));
   sub->add_option("--momentum", train.optim.momentum, "SGD momentum")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(real(0, 1));
   sub->add_option("--clip", train.clip, "clip the global gradient norm to this (0 = off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--seed", train.seed, "seed of weights and batches")->capture_default_str();
+      ->check(real(0));
+  sub->add_option("--seed", train.seed, "seed of weights and batches")
+      ->capture_default_str()
+      ->check(seed_value());
   sub->add_option("--mem-limit", flags.mem_limit,
                   "memory budget per process, e.g. 512MiB; going past it fails the run");
   sub->add_option("--metrics", train.metrics_path,
                   "write one JSON object per step to this file (JSON Lines)");
   sub->add_option("--eval-every", train.eval_every, "validate every N steps (and always at the end)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer(0, 1000000000000));
   sub->add_option("--eval-rows", flags.eval_rows,
                   "validation rows, spread over the validation data (default: 256 for text, all images)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer(0, 1 << 30));
   sub->add_option("--save-model", train.save_model, "write the trained weights to this safetensors file");
   sub->add_option("--ckpt-dir", train.ckpt_dir,
                   "write sharded checkpoints under this directory (at the end, and see --save-every)");
   sub->add_option("--save-every", train.save_every, "a checkpoint every N steps (0 = only at the end)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer(0, 1000000000000));
   sub->add_option("--keep-last", train.keep_last, "keep only the newest N checkpoints (0 = all)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer(0, 1 << 20));
   sub->add_option("--resume", train.resume,
                   "continue from the newest complete checkpoint under this directory");
   sub->add_option(
          "--exit-after-steps", train.exit_after_steps,
          "save a checkpoint and exit 0 after N steps of this run (the schedule still follows --steps)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer(0, 1000000000000));
   sub->add_option("--exit-after-mins", train.exit_after_mins, "save a checkpoint and exit 0 after M minutes")
-      ->check(CLI::NonNegativeNumber);
+      ->check(real(0, 1e7));
   sub->add_option("--sample-tokens", train.sample_tokens, "after training, print this many sampled tokens")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer(0, 1 << 20));
   sub->add_option("--prompt", train.sample_prompt, "prompt for the sample")->capture_default_str();
   sub->add_option("--threads", train.threads, "LibTorch threads per process")
       ->capture_default_str()
-      ->check(CLI::Range(1, 256));
+      ->check(integer(1, 256));
   sub->add_option("--log-every", train.log_every, "progress line every N steps when stderr is not a terminal")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer(0, 1000000000000));
   sub->add_option("--mnist-dir", train.data.mnist_dir, "directory of the Fashion-MNIST *.gz files")
       ->capture_default_str();
   sub->add_option("--cache-dir", train.data.cache_dir,
@@ -189,7 +197,7 @@ void add_train_flags(CLI::App* sub, TrainFlags& flags) {
   sub->add_flag("--verbose", train.verbose, "print every buffer sized at start");
   sub->add_option("--bucket-mib", flags.bucket_mib, "DDP gradient bucket size in MiB")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(real(1.0 / 1024, 1 << 16));
   add_comm_flags(sub, flags.comm);
   sub->add_option("--fault", train.fault,
                   "testing aid: sleep|exit|kill:RANK:STEP makes that rank stall, exit or die");
@@ -216,8 +224,8 @@ Runner add_train(CLI::App& app) {
   add_train_flags(sub, *flags);
   return [flags]() {
     const TrainOptions options = train_options(*flags);
-    train(options, start_comm(flags->comm));
-    return 0;
+    const TrainSummary s = train(options, start_comm(flags->comm));
+    return s.stop_signal ? 128 + s.stop_signal : 0;  // 143 after SIGTERM, 130 after SIGINT, as a shell has it
   };
 }
 

@@ -42,6 +42,13 @@ void add_train_flags(CLI::App* sub, TrainFlags& flags);
 void add_slim_flags(CLI::App* sub, SlimOptions& slim);
 ModelConfig model_from_flags(const TrainFlags& flags);
 TrainOptions train_options(const TrainFlags& flags);
+// Numbers from flags, read exactly (validators.cpp): an integer in [lo, hi] given as digits, a seed (any
+// uint64), a finite real in [lo, hi] (open at either end when asked). Anything else: a usage error naming
+// the flag.
+CLI::Validator integer(int64_t lo, int64_t hi = INT64_MAX);
+CLI::Validator seed_value();
+CLI::Validator real(double lo, double hi = 1e308, bool open_lo = false, bool open_hi = false);
+inline CLI::Validator positive_real(double hi = 1e308) { return real(0, hi, true); }
 // "1,2,4" -> {1, 2, 4} (sorted, unique); anything but positive integers is a usage error naming `flag`.
 std::vector<int64_t> parse_sizes(const std::string& list, const std::string& flag);
 // The command line as given (bench forwards the training flags to its runs).

@@ -26,11 +26,15 @@ bool quiet_rank() {
   return r && std::string(r) != "0";
 }
 
-int fail(int code, const std::string& msg) {
+// `agreed`: every rank has the same error (AgreedUsageError, or one found before MPI started), so each exits
+// on its own and rank 0 alone says why. Otherwise the other ranks may be blocked in a collective: the job
+// ends through the communicator (MPI_Abort), the failing rank naming itself.
+int fail(int code, const std::string& msg, bool agreed = false) {
   const std::string line = "slimshard: error: " + first_line(msg);
-  // In a job of several ranks the others may be blocked in a collective: end the whole job.
-  if (g_comm && g_comm->world() > 1) g_comm->abort(line, code);
+  if (g_comm && g_comm->world() > 1 && !agreed) g_comm->abort(line, code);
   if (!quiet_rank()) std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+  g_comm.reset();  // every rank reaches here: MPI_Finalize together
   return code;
 }
 
@@ -50,7 +54,7 @@ void add_comm_flags(CLI::App* sub, CommOptions& o) {
   sub->add_option("--comm-timeout", o.timeout_s,
                   "seconds a collective may take before the watchdog ends the job")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_real(1e6));
   sub->add_option("--comm-backend", o.backend,
                   "auto (shared memory on one node, MPI across nodes) | shm | mpi")
       ->capture_default_str()
@@ -99,6 +103,8 @@ int main(int argc, char** argv) {
         return rc;
       }
     return fail(2, "no subcommand");
+  } catch (const AgreedUsageError& e) {
+    return fail(2, e.what(), /*agreed=*/true);
   } catch (const UsageError& e) {
     return fail(2, e.what());
   } catch (const std::exception& e) {

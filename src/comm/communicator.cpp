@@ -338,6 +338,18 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
+std::string agree_on_error(Communicator& comm, const std::string& error) {
+  // The lowest rank that failed, or world when none did; then its message, from it, to everyone.
+  at::Tensor first =
+      at::full({1}, static_cast<double>(error.empty() ? comm.world() : comm.rank()), at::kDouble);
+  if (comm.world() == 1) return error;
+  at::Tensor ranks = at::empty({comm.world()}, at::kDouble);
+  comm.all_gather(ranks, first)->wait();
+  const int from = static_cast<int>(ranks.min().item<double>());
+  if (from >= comm.world()) return "";
+  return broadcast_string(comm, error, from);
+}
+
 std::string broadcast_string(Communicator& comm, const std::string& s, int root) {
   at::Tensor len = at::full({1}, static_cast<int64_t>(s.size()), at::kLong);
   comm.broadcast(len, root)->wait();
@@ -350,7 +362,10 @@ std::string broadcast_string(Communicator& comm, const std::string& s, int root)
 std::unique_ptr<Communicator> Communicator::create(const CommOptions& opts) {
   if (opts.backend != "auto" && opts.backend != "shm" && opts.backend != "mpi")
     throw UsageError("--comm-backend: unknown backend '" + opts.backend + "' (expected auto, shm or mpi)");
-  if (!(opts.timeout_s > 0)) throw UsageError("--comm-timeout: must be positive");
+  // A bound the watchdog's nanosecond clock holds without overflow (about 11.5 days).
+  if (!(opts.timeout_s > 0 && opts.timeout_s <= kMaxTimeoutS))
+    throw UsageError("--comm-timeout: must be a number in (0, " +
+                     std::to_string(static_cast<int64_t>(kMaxTimeoutS)) + "] seconds");
   if (!launched_by_mpi()) return std::make_unique<LocalCommunicator>();
   return std::make_unique<MpiCommunicator>(opts);
 }

@@ -162,20 +162,21 @@ void split_train_val(std::vector<uint16_t>& all, std::vector<uint16_t>& val) {
   all.resize(cut);
 }
 
-std::vector<uint16_t> load_tokens(const std::string& path, const DataOptions& o) {
-  if (!fs::exists(path)) throw UsageError("--data " + path + ": no such file");
+// `flag` names where the file came from (--data or --val-data) in every message.
+std::vector<uint16_t> load_tokens(const std::string& path, const DataOptions& o, const std::string& flag) {
+  require_regular_file(path, flag);
   if (path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0) {
-    std::vector<uint16_t> t = read_llmc_bin(path);
+    std::vector<uint16_t> t = read_llmc_bin(path, flag);
     for (uint16_t v : t)
       if (v >= o.vocab)
-        throw UsageError("--data " + path + ": token " + std::to_string(v) +
+        throw UsageError(flag + " " + path + ": token " + std::to_string(v) +
                          " is outside the vocabulary (--vocab " + std::to_string(o.vocab) + ")");
     return t;
   }
   if (o.vocab < 256)
     throw UsageError("--vocab " + std::to_string(o.vocab) + " is too small for byte-level text " + path +
                      " (needs 256)");
-  return bytes_to_tokens(read_file(path, "--data"));
+  return bytes_to_tokens(read_file(path, flag));
 }
 
 std::string default_cache_dir() {
@@ -222,31 +223,32 @@ std::string kjv_text_path(const std::string& cache_dir) {
   return path;
 }
 
-std::vector<uint16_t> read_llmc_bin(const std::string& path) {
+std::vector<uint16_t> read_llmc_bin(const std::string& path, const std::string& flag) {
+  require_regular_file(path, flag);
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError("--data " + path + ": cannot open");
+  if (!in) throw UsageError(flag + " " + path + ": cannot open");
   int32_t header[256] = {0};
   in.read(reinterpret_cast<char*>(header), sizeof header);
   if (in.gcount() != static_cast<std::streamsize>(sizeof header))
-    throw UsageError("--data " + path + ": truncated header (llm.c .bin needs a 1024-byte header)");
+    throw UsageError(flag + " " + path + ": truncated header (llm.c .bin needs a 1024-byte header)");
   if (header[0] != 20240520)
-    throw UsageError("--data " + path + ": bad magic " + std::to_string(header[0]) + " (expected 20240520)");
+    throw UsageError(flag + " " + path + ": bad magic " + std::to_string(header[0]) + " (expected 20240520)");
   if (header[1] != 1)
-    throw UsageError("--data " + path + ": unsupported version " + std::to_string(header[1]) +
+    throw UsageError(flag + " " + path + ": unsupported version " + std::to_string(header[1]) +
                      " (expected 1: uint16 tokens)");
   if (header[2] <= 0)
-    throw UsageError("--data " + path + ": token count " + std::to_string(header[2]) + " <= 0");
+    throw UsageError(flag + " " + path + ": token count " + std::to_string(header[2]) + " <= 0");
   const auto count = static_cast<size_t>(header[2]);
   std::error_code ec;
   const auto size = fs::file_size(path, ec);
   if (ec || size != sizeof header + count * 2)
-    throw UsageError("--data " + path + ": truncated or oversized: header says " + std::to_string(count) +
+    throw UsageError(flag + " " + path + ": truncated or oversized: header says " + std::to_string(count) +
                      " tokens (" + std::to_string(sizeof header + count * 2) + " bytes), file has " +
                      std::to_string(size) + " bytes");
   std::vector<uint16_t> tokens(count);
   in.read(reinterpret_cast<char*>(tokens.data()), static_cast<std::streamsize>(count * 2));
   if (in.gcount() != static_cast<std::streamsize>(count * 2))
-    throw UsageError("--data " + path + ": read error");
+    throw UsageError(flag + " " + path + ": read error");
   return tokens;
 }
 
@@ -261,6 +263,7 @@ void write_llmc_bin(const std::string& path, const std::vector<uint16_t>& tokens
 namespace {
 
 std::string gunzip_file(const std::string& path) {
+  require_regular_file(path, "--data");
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) throw UsageError("--data " + path + ": cannot open (" + std::strerror(errno) + ")");
   std::string out;
@@ -299,10 +302,13 @@ IdxImages read_idx_images(const std::string& gz_path) {
     throw UsageError("--data " + gz_path + ": bad IDX magic (expected 0x00000803, images)");
   IdxImages im;
   im.n = be32(raw, 4), im.rows = be32(raw, 8), im.cols = be32(raw, 12);
-  const auto want = static_cast<size_t>(im.n * im.rows * im.cols);
-  if (raw.size() != 16 + want)
-    throw UsageError("--data " + gz_path + ": IDX size mismatch: header says " + std::to_string(want) +
-                     " pixel bytes, file has " + std::to_string(raw.size() - 16));
+  if (im.n == 0) throw UsageError("--data " + gz_path + ": no images");
+  // Declared sizes checked against the file: no product of them overflows.
+  if (im.rows == 0 || im.cols == 0 || im.rows > 4096 || im.cols > 4096 ||
+      static_cast<uint64_t>(im.n) * static_cast<uint64_t>(im.rows * im.cols) != raw.size() - 16)
+    throw UsageError("--data " + gz_path + ": IDX size mismatch: header says " + std::to_string(im.n) +
+                     " x " + std::to_string(im.rows) + " x " + std::to_string(im.cols) +
+                     " pixels, file has " + std::to_string(raw.size() - 16) + " pixel bytes");
   im.pixels.assign(raw.begin() + 16, raw.end());
   return im;
 }
@@ -313,6 +319,7 @@ std::vector<uint8_t> read_idx_labels(const std::string& gz_path) {
   if (be32(raw, 0) != 0x00000801)
     throw UsageError("--data " + gz_path + ": bad IDX magic (expected 0x00000801, labels)");
   const size_t n = be32(raw, 4);
+  if (n == 0) throw UsageError("--data " + gz_path + ": no labels");
   if (raw.size() != 8 + n)
     throw UsageError("--data " + gz_path + ": IDX size mismatch: header says " + std::to_string(n) +
                      " labels, file has " + std::to_string(raw.size() - 8));
@@ -337,7 +344,7 @@ std::unique_ptr<Dataset> open_dataset(const DataOptions& o) {
                                           o.eval_rows);
   }
   std::string path = o.spec == "kjv" ? kjv_text_path(o.cache_dir) : o.spec;
-  std::vector<uint16_t> train = load_tokens(path, o), val;
+  std::vector<uint16_t> train = load_tokens(path, o, "--data"), val;
   std::string val_path = o.val_spec;
   if (val_path.empty()) {
     const size_t at = path.rfind("_train");
@@ -347,14 +354,17 @@ std::unique_ptr<Dataset> open_dataset(const DataOptions& o) {
     }
   }
   if (!val_path.empty())
-    val = load_tokens(val_path, o);
+    val = load_tokens(val_path, o, o.val_spec.empty() ? "--data" : "--val-data");
   else
     split_train_val(train, val);
   const auto need = static_cast<size_t>(o.seq_len + 2);
-  if (train.size() < need || val.size() < need)
+  if (train.size() < need)
     throw UsageError("--data " + path + ": too short for --seq-len " + std::to_string(o.seq_len) + " (" +
-                     std::to_string(train.size()) + " train / " + std::to_string(val.size()) +
-                     " val tokens)");
+                     std::to_string(train.size()) + " train tokens)");
+  if (val.size() < need)
+    throw UsageError((o.val_spec.empty() ? "--data " + path : "--val-data " + val_path) +
+                     ": too short for --seq-len " + std::to_string(o.seq_len) + " (" +
+                     std::to_string(val.size()) + " validation tokens)");
   std::string desc = (o.spec == "kjv" ? std::string("KJV Bible") : path) + " (" +
                      std::to_string(train.size()) + " train / " + std::to_string(val.size()) + " val tokens" +
                      (val_path.empty() ? ", 90/10 split)" : ", val " + val_path + ")");

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "slimshard/common.h"
+#include "slimshard/json.h"
 #include "slimshard/nn.h"
 
 namespace slimshard {
@@ -36,21 +37,23 @@ ModelConfig ModelConfig::preset_config(const std::string& name) {
 }
 
 void ModelConfig::validate() const {
-  auto positive = [](int64_t v, const char* flag) {
-    if (v <= 0) throw UsageError(std::string(flag) + ": must be positive, got " + std::to_string(v));
+  auto in = [](int64_t v, const char* flag, int64_t hi) {
+    if (v <= 0 || v > hi)
+      throw UsageError(std::string(flag) + ": must be an integer from 1 to " + std::to_string(hi) + ", got " +
+                       std::to_string(v));
   };
   if (arch == "gpt") {
-    positive(n_layer, "--n-layer");
-    positive(n_head, "--n-head");
-    positive(n_embd, "--n-embd");
-    positive(seq_len, "--seq-len");
-    positive(vocab, "--vocab");
+    in(n_layer, "--n-layer", kMaxLayers);
+    in(n_head, "--n-head", kMaxWidth);
+    in(n_embd, "--n-embd", kMaxWidth);
+    in(seq_len, "--seq-len", kMaxSeqLen);
+    in(vocab, "--vocab", kMaxVocab);
     if (n_embd % n_head != 0)
       throw UsageError("--n-embd: " + std::to_string(n_embd) + " is not divisible by --n-head " +
                        std::to_string(n_head));
   } else if (arch == "mlp" || arch == "cnn") {
-    positive(hidden, "hidden");
-    positive(classes, "classes");
+    in(hidden, "hidden", kMaxWidth);
+    in(classes, "classes", kMaxVocab);
     if (image != 28) throw UsageError("image: only 28x28 images are supported");
   } else {
     throw UsageError("model arch '" + arch + "' is unknown (expected gpt, mlp or cnn)");
@@ -75,23 +78,31 @@ nlohmann::json ModelConfig::to_json() const {
 ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& what) {
   ModelConfig c;
   try {
+    if (!j.is_object()) throw UsageError(what + ": the model config is not a JSON object");
     c.arch = j.at("arch").get<std::string>();
     c.preset = j.value("preset", std::string());
+    auto field = [&](const char* key, int64_t hi) {
+      return json_integer(j.at(key), what + ": model " + key, 1, hi);
+    };
     if (c.arch == "gpt") {
-      c.n_layer = j.at("n_layer").get<int64_t>();
-      c.n_head = j.at("n_head").get<int64_t>();
-      c.n_embd = j.at("n_embd").get<int64_t>();
-      c.seq_len = j.at("seq_len").get<int64_t>();
-      c.vocab = j.at("vocab").get<int64_t>();
+      c.n_layer = field("n_layer", kMaxLayers);
+      c.n_head = field("n_head", kMaxWidth);
+      c.n_embd = field("n_embd", kMaxWidth);
+      c.seq_len = field("seq_len", kMaxSeqLen);
+      c.vocab = field("vocab", kMaxVocab);
     } else {
-      c.image = j.at("image").get<int64_t>();
-      c.classes = j.at("classes").get<int64_t>();
-      c.hidden = j.at("hidden").get<int64_t>();
+      c.image = field("image", 1 << 10);
+      c.classes = field("classes", kMaxVocab);
+      c.hidden = field("hidden", kMaxWidth);
     }
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(what + ": bad model config: " + e.what());
   }
-  c.validate();
+  try {
+    c.validate();
+  } catch (const UsageError& e) {
+    throw UsageError(what + ": model config: " + e.what());
+  }
   return c;
 }
 
@@ -227,6 +238,60 @@ std::unique_ptr<Model> build_model(const ModelConfig& config, uint64_t seed) {
   if (config.arch == "gpt") return std::make_unique<GPT>(config, gen);
   if (config.arch == "mlp") return std::make_unique<MLP>(config, gen);
   return std::make_unique<CNN>(config, gen);
+}
+
+std::vector<OpShape> op_shapes(const ModelConfig& c) {
+  c.validate();
+  std::vector<OpShape> ops;
+  auto add = [&](std::string name, std::string kind, std::vector<int64_t> numels, int64_t out) {
+    ops.push_back(OpShape{std::move(name), std::move(kind), std::move(numels), out});
+  };
+  auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
+    add(name, "linear", bias ? std::vector<int64_t>{in * out, out} : std::vector<int64_t>{in * out}, out);
+  };
+  if (c.arch == "gpt") {
+    const int64_t C = c.n_embd;
+    add("wte", "embedding", {c.vocab * C}, 0);
+    add("wpe", "embedding", {c.seq_len * C}, 0);
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      const std::string p = "blocks." + std::to_string(i) + ".";
+      add(p + "ln1", "layernorm", {C, C}, 0);
+      linear(p + "attn.qkv", C, 3 * C, true);
+      linear(p + "attn.proj", C, C, true);
+      add(p + "ln2", "layernorm", {C, C}, 0);
+      linear(p + "mlp.fc", C, 4 * C, true);
+      linear(p + "mlp.proj", 4 * C, C, true);
+    }
+    add("ln_f", "layernorm", {C, C}, 0);
+    linear("lm_head", C, c.vocab, false);
+  } else if (c.arch == "mlp") {
+    linear("fc1", c.image * c.image, c.hidden, true);
+    linear("fc2", c.hidden, c.hidden, true);
+    linear("fc3", c.hidden, c.classes, true);
+  } else {
+    add("conv1", "conv2d", {16 * 9, 16}, 0);
+    add("conv2", "conv2d", {32 * 16 * 9, 32}, 0);
+    linear("fc1", 32 * (c.image / 4) * (c.image / 4), c.hidden, true);
+    linear("fc2", c.hidden, c.classes, true);
+  }
+  return ops;
+}
+
+std::vector<OpShape> op_shapes(const Model& model) {
+  std::vector<OpShape> out;
+  for (const Op* op : model.ops()) {
+    OpShape s{op->name(), op->kind(), {}, 0};
+    if (const auto* lin = dynamic_cast<const Linear*>(op)) {  // a split Linear holds row blocks: count whole
+      s.param_numels.push_back(lin->in_features() * lin->out_features());
+      if (static_cast<int>(op->params().size()) == 2 * lin->splits())
+        s.param_numels.push_back(lin->out_features());
+      s.out_features = lin->out_features();
+    } else {
+      for (const ShardedParam* p : op->params()) s.param_numels.push_back(p->numel());
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 std::pair<at::Tensor, at::Tensor> random_inputs(const ModelConfig& c, int64_t rows, uint64_t seed) {

@@ -60,6 +60,11 @@ CostModel CostModel::from_profile(const Profile& p, const CostOptions& o) {
   m.overlap_ = p.overlap_slowdown;
   m.opt_ns_ = p.optimizer_ns_per_element;
   m.coll_overhead_ = p.collective_overhead_ms;
+  m.residual_ = p.strategy_residual_ms;
+  m.param_numel_ = 0;
+  for (const OpProfile& op : m.ops_)
+    for (int64_t n : op.param_numels) m.param_numel_ += static_cast<double>(n);
+  m.param_numel_ = std::max(1.0, m.param_numel_);
   m.source_ = "profile (" + p.date + ", " + std::to_string(p.world) + " ranks, " +
               (p.machine.is_object() ? p.machine.value("cpu", "?") : std::string("?")) + ")";
   return m;
@@ -216,6 +221,11 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
   ChoiceCost cc;
   cc.choice = c;
   cc.time_ms = accum * forward + (accum - 1) * backward_mid + backward_last + after + opt_ns_ * owned * 1e-6;
+  if (auto it = residual_.find(strategy_name(c.strategy)); it != residual_.end()) {
+    double n = 0;
+    for (int64_t numel : p.param_numels) n += static_cast<double>(numel);
+    cc.time_ms = std::max(0.0, cc.time_ms + it->second * n / param_numel_);
+  }
   cc.mem = choice_memory(p.param_numels, c, o_.world, o_.optim_states);
   const OpMoments t = op_transients(op, c, static_cast<int64_t>(accum)), a = act_moments(p, micro);
   cc.transient_bytes = t.most();
@@ -282,38 +292,46 @@ PlanCost CostModel::evaluate(const std::map<std::string, OpChoice>& choices, int
 
 ClusterSpec load_cluster(const std::string& path) {
   const std::string what = "--cluster " + path;
-  const nlohmann::json j = parse_json(read_file(path, "--cluster"), what);
+  return cluster_from_json(parse_json(read_file(path, "--cluster"), what), what);
+}
+
+ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& what) {
+  const std::string path = what;
   ClusterSpec c;
   try {
+    if (!j.is_object()) throw UsageError(what + ": not a JSON object");
+    auto opt = [&](const char* key, double fallback) {
+      return j.contains(key) ? j.at(key) : nlohmann::json(fallback);
+    };
     c.name = j.value("name", path);
-    c.devices = j.at("devices").get<int>();
-    c.devices_per_node = j.value("devices_per_node", c.devices);
+    c.devices = static_cast<int>(json_integer(j.at("devices"), what + ": devices", 1, 1 << 24));
+    c.devices_per_node = static_cast<int>(
+        json_integer(j.contains("devices_per_node") ? j.at("devices_per_node") : j.at("devices"),
+                     what + ": devices_per_node", 1, 1 << 24));
     const auto& mem = j.at("memory_per_device");
     c.memory_bytes = mem.is_string() ? parse_bytes(mem.get<std::string>(), what + ": memory_per_device")
-                                     : mem.get<int64_t>();
-    c.peak_flops = j.at("peak_flops").get<double>();
-    c.achievable_fraction = j.value("achievable_fraction", 0.5);
-    c.memory_bandwidth = j.value("memory_bandwidth_GBps", 1000.0) * 1e9;
-    c.intra_bandwidth = j.at("intra_node").at("bandwidth_GBps").get<double>() * 1e9;
-    c.intra_latency = j.at("intra_node").at("latency_us").get<double>() * 1e-6;
-    if (j.contains("inter_node")) {
-      c.inter_bandwidth = j["inter_node"].at("bandwidth_GBps").get<double>() * 1e9;
-      c.inter_latency = j["inter_node"].at("latency_us").get<double>() * 1e-6;
-    } else {
-      c.inter_bandwidth = c.intra_bandwidth, c.inter_latency = c.intra_latency;
-    }
-    c.overlap_slowdown = j.value("overlap_slowdown", 1.1);
-    c.activation_bytes_per_element = j.value("activation_bytes_per_element", 2);
+                                     : json_integer(mem, what + ": memory_per_device", 1, int64_t{1} << 60);
+    c.peak_flops = json_number(j.at("peak_flops"), what + ": peak_flops", 0, 1e21, true);
+    c.achievable_fraction =
+        json_number(opt("achievable_fraction", 0.5), what + ": achievable_fraction", 0, 1, true);
+    c.memory_bandwidth =
+        json_number(opt("memory_bandwidth_GBps", 1000.0), what + ": memory_bandwidth_GBps", 0, 1e9, true) *
+        1e9;
+    const auto& intra = j.at("intra_node");
+    c.intra_bandwidth =
+        json_number(intra.at("bandwidth_GBps"), what + ": intra_node.bandwidth_GBps", 0, 1e9, true) * 1e9;
+    c.intra_latency = json_number(intra.at("latency_us"), what + ": intra_node.latency_us", 0, 1e9) * 1e-6;
+    const auto& inter = j.contains("inter_node") ? j.at("inter_node") : intra;
+    c.inter_bandwidth =
+        json_number(inter.at("bandwidth_GBps"), what + ": inter_node.bandwidth_GBps", 0, 1e9, true) * 1e9;
+    c.inter_latency = json_number(inter.at("latency_us"), what + ": inter_node.latency_us", 0, 1e9) * 1e-6;
+    c.overlap_slowdown = json_number(opt("overlap_slowdown", 1.1), what + ": overlap_slowdown", 1, 100);
+    c.activation_bytes_per_element = static_cast<int>(json_integer(
+        j.contains("activation_bytes_per_element") ? j.at("activation_bytes_per_element") : nlohmann::json(2),
+        what + ": activation_bytes_per_element", 1, 8));
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(what + ": missing or mistyped field (" + std::string(e.what()) + ")");
   }
-  if (c.devices < 1 || c.devices_per_node < 1 || c.memory_bytes <= 0 || !(c.peak_flops > 0) ||
-      !(c.achievable_fraction > 0 && c.achievable_fraction <= 1) || !(c.intra_bandwidth > 0) ||
-      !(c.inter_bandwidth > 0) || c.intra_latency < 0 || c.inter_latency < 0 || !(c.memory_bandwidth > 0) ||
-      !(c.overlap_slowdown >= 1) || c.activation_bytes_per_element < 1)
-    throw UsageError(what +
-                     ": a value is out of range (devices, memory, flops and bandwidths must be positive; "
-                     "achievable_fraction in (0, 1]; overlap_slowdown >= 1)");
   return c;
 }
 

@@ -1,65 +1,10 @@
-// plan.cpp — plan files: reading, checking, resolving globs against a model's ops, applying splits; the op
-// shapes of a model (from its config, or built).
+// plan.cpp — plan files: reading, checking, resolving globs against a model's ops, applying splits.
 #include "slimshard/plan.h"
 
 #include "slimshard/common.h"
 #include "slimshard/json.h"
 
 namespace slimshard {
-
-std::vector<OpShape> op_shapes(const ModelConfig& c) {
-  c.validate();
-  std::vector<OpShape> ops;
-  auto add = [&](std::string name, std::string kind, std::vector<int64_t> numels, int64_t out) {
-    ops.push_back(OpShape{std::move(name), std::move(kind), std::move(numels), out});
-  };
-  auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
-    add(name, "linear", bias ? std::vector<int64_t>{in * out, out} : std::vector<int64_t>{in * out}, out);
-  };
-  if (c.arch == "gpt") {
-    const int64_t C = c.n_embd;
-    add("wte", "embedding", {c.vocab * C}, 0);
-    add("wpe", "embedding", {c.seq_len * C}, 0);
-    for (int64_t i = 0; i < c.n_layer; ++i) {
-      const std::string p = "blocks." + std::to_string(i) + ".";
-      add(p + "ln1", "layernorm", {C, C}, 0);
-      linear(p + "attn.qkv", C, 3 * C, true);
-      linear(p + "attn.proj", C, C, true);
-      add(p + "ln2", "layernorm", {C, C}, 0);
-      linear(p + "mlp.fc", C, 4 * C, true);
-      linear(p + "mlp.proj", 4 * C, C, true);
-    }
-    add("ln_f", "layernorm", {C, C}, 0);
-    linear("lm_head", C, c.vocab, false);
-  } else if (c.arch == "mlp") {
-    linear("fc1", c.image * c.image, c.hidden, true);
-    linear("fc2", c.hidden, c.hidden, true);
-    linear("fc3", c.hidden, c.classes, true);
-  } else {
-    add("conv1", "conv2d", {16 * 9, 16}, 0);
-    add("conv2", "conv2d", {32 * 16 * 9, 32}, 0);
-    linear("fc1", 32 * (c.image / 4) * (c.image / 4), c.hidden, true);
-    linear("fc2", c.hidden, c.classes, true);
-  }
-  return ops;
-}
-
-std::vector<OpShape> op_shapes(const Model& model) {
-  std::vector<OpShape> out;
-  for (const Op* op : model.ops()) {
-    OpShape s{op->name(), op->kind(), {}, 0};
-    if (const auto* lin = dynamic_cast<const Linear*>(op)) {  // a split Linear holds row blocks: count whole
-      s.param_numels.push_back(lin->in_features() * lin->out_features());
-      if (static_cast<int>(op->params().size()) == 2 * lin->splits())
-        s.param_numels.push_back(lin->out_features());
-      s.out_features = lin->out_features();
-    } else {
-      for (const ShardedParam* p : op->params()) s.param_numels.push_back(p->numel());
-    }
-    out.push_back(std::move(s));
-  }
-  return out;
-}
 
 bool glob_match(const std::string& pattern, const std::string& name) {
   // Iterative wildcard match with backtracking to the last '*'.
@@ -102,14 +47,10 @@ Plan parse_plan(const std::string& text, const std::string& path) {
   for (auto it = j.begin(); it != j.end(); ++it)
     if (it.key() != "ops" && it.key() != "world" && it.key() != "micro_batch" && it.key() != "predicted")
       throw UsageError("--plan " + path + ": unknown field '" + it.key() + "'");
-  try {
-    if (j.contains("world")) plan.world = j.at("world").get<int>();
-    if (j.contains("micro_batch")) plan.micro_batch = j.at("micro_batch").get<int64_t>();
-  } catch (const nlohmann::json::exception&) {
-    throw UsageError("--plan " + path + ": world and micro_batch must be integers");
-  }
-  if (plan.world < 0 || plan.micro_batch < 0)
-    throw UsageError("--plan " + path + ": negative world or micro_batch");
+  if (j.contains("world"))
+    plan.world = static_cast<int>(json_integer(j.at("world"), "--plan " + path + ": world", 1, 1 << 20));
+  if (j.contains("micro_batch"))
+    plan.micro_batch = json_integer(j.at("micro_batch"), "--plan " + path + ": micro_batch", 1, 1 << 30);
   for (auto it = j.at("ops").begin(); it != j.at("ops").end(); ++it) {
     const std::string what = "--plan " + path + ": entry '" + it.key() + "'";
     if (!it->is_object()) throw UsageError(what + ": expected an object");
@@ -121,10 +62,8 @@ Plan parse_plan(const std::string& text, const std::string& path) {
         e.has_strategy = true;
         e.strategy = parse_strategy(f->get<std::string>(), what);
       } else if (f.key() == "splits") {
-        if (!f->is_number_integer() || f->get<int>() < 1)
-          throw UsageError(what + ": splits must be a positive integer");
         e.has_splits = true;
-        e.splits = f->get<int>();
+        e.splits = static_cast<int>(json_integer(*f, what + ": splits", 1, 1 << 16));
       } else if (f.key() != "note") {
         throw UsageError(what + ": unknown field '" + f.key() + "' (expected strategy, splits)");
       }

@@ -81,6 +81,7 @@ PlanReport plan_offline(RunSpec spec, const CostSource& source) {
     if (spec.mem_limit == 0) spec.mem_limit = c.memory_bytes;
   }
   if (spec.cost.world == 0) spec.cost.world = 1;
+  per_rank_batch(spec);  // the batch must divide over the world before memory is worth discussing
   const auto t0 = std::chrono::steady_clock::now();
   PlanReport report{spec, cost_model_for(spec, source), {}, {}, 0};
   SearchOptions search;

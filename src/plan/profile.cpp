@@ -254,6 +254,12 @@ void calibrate_profile(Profile& p, const MeasuredSteps& steps) {
     p.collective_overhead_ms = std::max(0.0, (steps.zero3_ms - predicted) / static_cast<double>(gathers));
     record[std::to_string(b)]["zero3_ms"] = steps.zero3_ms;
   }
+  p.strategy_residual_ms.clear();
+  for (const auto& [name, ms] : steps.uniform_ms) {
+    const int64_t b = p.micro_batches.back();
+    p.strategy_residual_ms[name] = ms - uniform_step_ms(p, parse_strategy(name, "calibration"), b);
+    record[std::to_string(b)][name + "_ms"] = ms;
+  }
   p.measured_steps = record;
 }
 
@@ -307,6 +313,7 @@ nlohmann::json profile_to_json(const Profile& p) {
           {"collectives", coll},
           {"overlap_slowdown", p.overlap_slowdown},
           {"collective_overhead_ms", p.collective_overhead_ms},
+          {"strategy_residual_ms", p.strategy_residual_ms},
           {"measured_steps", p.measured_steps},
           {"optimizer_ns_per_element", p.optimizer_ns_per_element}};
 }
@@ -319,32 +326,39 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
   try {
     if (!j.is_object() || j.value("format", "") != "slimshard.profile")
       throw bad("format", "not a slimshard profile (expected \"format\": \"slimshard.profile\")");
-    if (j.at("version").get<int>() != kProfileVersion)
+    if (!j.at("version").is_number_integer() || j.at("version").get<int64_t>() != kProfileVersion)
       throw bad("version", "format version " + j.at("version").dump() + ", this slimshard reads version " +
                                std::to_string(kProfileVersion) + " (profile again with `slimshard profile`)");
     p.machine = j.at("machine");
-    p.world = j.at("world").get<int>();
-    if (p.world < 1) throw bad("world", "must be >= 1");
-    p.threads = j.at("threads").get<int>();
+    p.world = static_cast<int>(json_integer(j.at("world"), what + ": world", 1, 1 << 20));
+    p.threads = static_cast<int>(json_integer(j.at("threads"), what + ": threads", 1, 4096));
     p.libtorch = j.at("libtorch").get<std::string>();
     p.date = j.value("date", "");
     p.model = ModelConfig::from_json(j.at("model"), what + ": model");
-    p.micro_batches = j.at("micro_batches").get<std::vector<int64_t>>();
-    if (p.micro_batches.empty()) throw bad("micro_batches", "empty");
-    for (int64_t b : p.micro_batches)
-      if (b <= 0) throw bad("micro_batches", "sizes must be positive");
-    // Times are non-negative; an op's activation bytes may be negative (what frees after the previous op
-    // ended).
+    const auto& sizes = j.at("micro_batches");
+    if (!sizes.is_array() || sizes.empty() || sizes.size() > 64)
+      throw bad("micro_batches", "expected 1 to 64 sizes");
+    for (const auto& b : sizes)
+      p.micro_batches.push_back(json_integer(b, what + ": micro_batches", 1, 1 << 30));
+    // Times are non-negative numbers; bytes integers, an op's activation bytes possibly negative (what frees
+    // after the previous op ended).
+    constexpr int64_t kMaxBytes = int64_t{1} << 50;
     auto read_b = [&](const nlohmann::json& obj, const std::string& field, auto& out,
                       bool signed_ok = false) {
+      if (!obj.is_object()) throw bad(field, "expected an object by micro-batch");
       for (int64_t b : p.micro_batches) {
         const std::string key = std::to_string(b);
         if (!obj.contains(key)) throw bad(field, "no value for micro-batch " + key);
         using V = typename std::decay_t<decltype(out)>::mapped_type;
-        const V v = obj.at(key).template get<V>();
-        if ((!signed_ok && !(v >= 0)) || !std::isfinite(static_cast<double>(v)))
-          throw bad(field, "negative or not finite");
-        out[b] = v;
+        const auto& v = obj.at(key);
+        if constexpr (std::is_same_v<V, double>) {
+          const double x = v.is_number() ? v.get<double>() : NAN;
+          if (!(x >= 0) || !std::isfinite(x) || x > 1e12)
+            throw bad(field, "negative, not finite or not a number");
+          out[b] = x;
+        } else {
+          out[b] = json_integer(v, what + ": " + field, signed_ok ? -kMaxBytes : 0, kMaxBytes);
+        }
       }
     };
     const std::vector<OpProfile> shapes = unmeasured(op_shapes(p.model));
@@ -356,16 +370,21 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
       if (ops[i].at("name").get<std::string>() != o.name)
         throw bad("ops[" + std::to_string(i) + "]",
                   "'" + ops[i].at("name").get<std::string>() + "', the model has '" + o.name + "'");
-      if (ops[i].at("param_numels").get<std::vector<int64_t>>() != o.param_numels)
-        throw bad("ops." + o.name, "parameter sizes do not match the model");
+      std::vector<int64_t> numels;
+      for (const auto& n : ops[i].at("param_numels"))
+        numels.push_back(json_integer(n, what + ": ops." + o.name + ".param_numels", 0, kMaxBytes));
+      if (numels != o.param_numels) throw bad("ops." + o.name, "parameter sizes do not match the model");
       read_b(ops[i].at("fwd_ms"), "ops." + o.name + ".fwd_ms", o.fwd_ms);
       read_b(ops[i].at("bwd_ms"), "ops." + o.name + ".bwd_ms", o.bwd_ms);
       read_b(ops[i].at("act_bytes"), "ops." + o.name + ".act_bytes", o.act_bytes, true);
       for (int64_t b : p.micro_batches) {
-        const auto v = ops[i].at("act_moments").at(std::to_string(b)).get<std::vector<int64_t>>();
-        if (v.size() != 4 || *std::min_element(v.begin(), v.end()) < 0)
-          throw bad("ops." + o.name + ".act_moments", "expected 4 non-negative byte counts per micro-batch");
-        o.act_moments[b] = OpMoments{v[0], v[1], v[2], v[3]};
+        const std::string field = what + ": ops." + o.name + ".act_moments";
+        const auto& v = ops[i].at("act_moments").at(std::to_string(b));
+        if (!v.is_array() || v.size() != 4)
+          throw UsageError(field + ": expected 4 byte counts per micro-batch");
+        int64_t m[4];
+        for (size_t k = 0; k < 4; ++k) m[k] = json_integer(v[k], field, 0, kMaxBytes);
+        o.act_moments[b] = OpMoments{m[0], m[1], m[2], m[3]};
       }
       p.ops.push_back(o);
     }
@@ -377,21 +396,25 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
     for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"}) {
       const auto& c = j.at("collectives").at(k);
       CollectiveFit f;
-      f.alpha_ms = c.at("alpha_ms").get<double>();
-      f.beta_ms_per_byte = c.at("beta_ms_per_byte").get<double>();
-      f.residual = c.at("residual").get<double>();
-      if (!(f.alpha_ms >= 0) || !(f.beta_ms_per_byte >= 0))
-        throw bad(std::string("collectives.") + k, "negative fit");
+      const std::string field = what + ": collectives." + k;
+      f.alpha_ms = json_number(c.at("alpha_ms"), field + ".alpha_ms", 0, 1e9);
+      f.beta_ms_per_byte = json_number(c.at("beta_ms_per_byte"), field + ".beta_ms_per_byte", 0, 1e3);
+      f.residual = json_number(c.at("residual"), field + ".residual", 0, 1e9);
       if (c.contains("points")) f.points = c.at("points").get<std::vector<std::pair<double, double>>>();
       p.collectives[k] = f;
     }
-    p.overlap_slowdown = j.at("overlap_slowdown").get<double>();
-    if (!(p.overlap_slowdown >= 1) || p.overlap_slowdown > 100)
-      throw bad("overlap_slowdown", "must be in [1, 100]");
-    p.collective_overhead_ms = j.at("collective_overhead_ms").get<double>();
-    if (!(p.collective_overhead_ms >= 0)) throw bad("collective_overhead_ms", "negative");
-    p.optimizer_ns_per_element = j.at("optimizer_ns_per_element").get<double>();
-    if (!(p.optimizer_ns_per_element >= 0)) throw bad("optimizer_ns_per_element", "negative");
+    p.overlap_slowdown = json_number(j.at("overlap_slowdown"), what + ": overlap_slowdown", 1, 100);
+    p.collective_overhead_ms =
+        json_number(j.at("collective_overhead_ms"), what + ": collective_overhead_ms", 0, 1e9);
+    p.optimizer_ns_per_element =
+        json_number(j.at("optimizer_ns_per_element"), what + ": optimizer_ns_per_element", 0, 1e9);
+    const auto& residual = j.at("strategy_residual_ms");
+    if (!residual.is_object()) throw bad("strategy_residual_ms", "expected an object by strategy");
+    for (const auto& [name, v] : residual.items()) {
+      if (name != "zero1" && name != "zero2")
+        throw bad("strategy_residual_ms", "unknown strategy '" + name + "'");
+      p.strategy_residual_ms[name] = json_number(v, what + ": strategy_residual_ms." + name, -1e9, 1e9);
+    }
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(what + ": missing or mistyped field (" + std::string(e.what()) + ")");
   }
@@ -436,6 +459,8 @@ void print_profile(const Profile& p) {
       "  compute runs %.2fx slower while communication runs; %.3f ms per collective in a step; "
       "AdamW and clipping %.2f ns per element\n",
       p.overlap_slowdown, p.collective_overhead_ms, p.optimizer_ns_per_element);
+  for (const auto& [name, ms] : p.strategy_residual_ms)
+    std::printf("  a real %s step: %+.1f ms against the model\n", name.c_str(), ms);
 }
 
 }  // namespace slimshard

@@ -30,12 +30,14 @@ DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params
   }
   // DDP buckets: reverse creation order, the last layers' gradients come first in backward.
   std::vector<std::vector<ShardedParam*>> groups;
-  int64_t bytes = o.bucket_bytes;
+  int64_t bytes = 0;
   for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
     ShardedParam* p = *it;
     if (p->strategy() != Strategy::ddp) continue;
     const int64_t b = p->numel() * static_cast<int64_t>(p->master().element_size());
-    if (bytes + b > o.bucket_bytes && bytes > 0) groups.emplace_back(), bytes = 0;
+    // A new bucket when this param would overflow the current one (a param larger than a bucket gets its
+    // own).
+    if (groups.empty() || (bytes + b > o.bucket_bytes && bytes > 0)) groups.emplace_back(), bytes = 0;
     groups.back().push_back(p);
     bytes += b;
   }

@@ -120,6 +120,28 @@ void check_bench_entries(const std::vector<std::string>& entries) {
     if (!is_plan_file(e) && e != "osdp") parse_strategy(e, "--strategies");
 }
 
+namespace {
+
+// One row from an entry's runs: the medians of throughput, step time and bytes, the highest peak; failed if
+// any run failed (that run's message).
+nlohmann::json merged(const std::vector<nlohmann::json>& runs) {
+  nlohmann::json row = runs.front();
+  std::vector<double> rate, ms, bytes;
+  int64_t peak = 0;
+  for (const auto& r : runs) {
+    if (!r.contains("tokens_per_s")) return r;
+    rate.push_back(r["tokens_per_s"].get<double>()), ms.push_back(r["step_ms"].get<double>());
+    bytes.push_back(r["comm_bytes_per_step"].get<double>());
+    peak = std::max(peak, r["peak_bytes"].get<int64_t>());
+  }
+  row["tokens_per_s"] = median(rate), row["step_ms"] = median(ms), row["comm_bytes_per_step"] = median(bytes);
+  row["peak_bytes"] = peak;
+  row["runs_tokens_per_s"] = rate;
+  return row;
+}
+
+}  // namespace
+
 nlohmann::json run_bench(const BenchOptions& o) {
   check_bench_entries(o.entries);
   per_rank_batch(o.base);
@@ -131,8 +153,12 @@ nlohmann::json run_bench(const BenchOptions& o) {
     const std::string profile = profile_for(o, dir);
     const CostModel cost = CostModel::from_profile(load_profile(profile), o.base.cost);
     ActivationProfile probe;
-    for (size_t i = 0; i < o.entries.size(); ++i)
-      results.push_back(bench_entry(o, cost, o.entries[i], profile, dir + "/run" + std::to_string(i), probe));
+    std::vector<std::vector<nlohmann::json>> runs(o.entries.size());
+    for (int rep = 0; rep < std::max(1, o.repeat); ++rep)
+      for (size_t i = 0; i < o.entries.size(); ++i)
+        runs[i].push_back(
+            bench_entry(o, cost, o.entries[i], profile, dir + "/run" + std::to_string(i), probe));
+    for (const auto& r : runs) results.push_back(merged(r));
   } catch (...) {
     std::filesystem::remove_all(dir);
     throw;

@@ -12,7 +12,7 @@
 
 namespace slimshard {
 
-MetricsWriter::MetricsWriter(const std::string& path) {
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   f_ = std::fopen(path.c_str(), "w");
   if (!f_) throw UsageError("--metrics " + path + ": cannot create (" + std::strerror(errno) + ")");
 }
@@ -23,9 +23,9 @@ MetricsWriter::~MetricsWriter() {
 
 void MetricsWriter::write(const nlohmann::json& record) {
   if (!f_) return;
-  std::string line = record.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), f_);
-  std::fflush(f_);
+  const std::string line = record.dump() + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
+    throw RuntimeError("--metrics " + path_ + ": cannot write (" + std::strerror(errno) + ")");
 }
 
 Curve metrics_curve(const std::string& spec, const std::string& x, const std::string& y, int mean_of) {

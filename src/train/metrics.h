@@ -15,10 +15,12 @@ class MetricsWriter {
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
-  // One whole line per call, flushed, so a reader never sees half a record.
+  // One whole line per call, flushed, so a reader never sees half a record. A write that fails (a full disk)
+  // is a RuntimeError naming the file: a run never goes on with its metrics silently cut off.
   void write(const nlohmann::json& record);
 
  private:
+  std::string path_;
   FILE* f_ = nullptr;
 };
 

@@ -45,8 +45,11 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
   MeasuredSteps steps;
   for (int64_t b : micro_batches)
     steps.ddp_ms[b] = time_steps(model, Strategy::ddp, b, comm, seed, o.repeats);
-  if (comm.world() > 1)
+  if (comm.world() > 1) {
     steps.zero3_ms = time_steps(model, Strategy::zero3, micro_batches.back(), comm, seed, o.repeats);
+    for (Strategy s : {Strategy::zero1, Strategy::zero2})
+      steps.uniform_ms[strategy_name(s)] = time_steps(model, s, micro_batches.back(), comm, seed, o.repeats);
+  }
   calibrate_profile(p, steps);
   return p;
 }

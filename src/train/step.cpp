@@ -17,7 +17,7 @@ TrainStep::TrainStep(Communicator& comm, Model& model, DataParallel& dp, Optimiz
     : comm_(comm), model_(model), dp_(dp), optim_(optim), slim_(slim), params_(model.params().all()) {}
 
 StepResult TrainStep::run(int64_t step, int64_t accum, const std::function<Batch(int64_t)>& batch, double lr,
-                          double clip) {
+                          double clip, const std::function<StopFlags()>& stop) {
   StepResult r;
   auto lap = std::chrono::steady_clock::now();
   auto split = [&lap](double& into) {
@@ -51,9 +51,12 @@ StepResult TrainStep::run(int64_t step, int64_t accum, const std::function<Batch
     dp_.end_backward(/*last=*/true);
   }
   split(r.times.comm_wait);
-  // The loss reported is the mean over the global batch: every rank's mean, averaged.
-  at::Tensor mean_loss = at::full({1}, loss_sum / static_cast<double>(accum), at::kDouble);
-  WorkPtr loss_work = comm_.all_reduce(mean_loss, ReduceOp::avg);
+  // The loss reported is the mean over the global batch: every rank's mean, averaged; with it, the flags.
+  const StopFlags mine = stop ? stop() : StopFlags{};
+  at::Tensor shared = at::tensor({loss_sum / static_cast<double>(accum), double(mine.sigterm),
+                                  double(mine.sigint), double(mine.time_up)},
+                                 at::kDouble);
+  WorkPtr loss_work = comm_.all_reduce(shared, ReduceOp::sum);
   {
     memory::PhaseScope phase(memory::Phase::optimizer);
     r.grad_norm = std::sqrt(dp_.grad_sq_sum());
@@ -67,7 +70,9 @@ StepResult TrainStep::run(int64_t step, int64_t accum, const std::function<Batch
   }
   loss_work->wait();
   split(r.times.optimizer);
-  r.loss = mean_loss.item<double>();
+  const double* v = shared.data_ptr<double>();
+  r.loss = v[0] / static_cast<double>(comm_.world());
+  r.stop = StopFlags{v[1] > 0, v[2] > 0, v[3] > 0};
   return r;
 }
 

@@ -24,9 +24,17 @@ struct StepTimes {
   double data = 0, forward = 0, backward = 0, comm_wait = 0, optimizer = 0;
 };
 
+// Reasons to stop that one rank may see and every rank must act on: they travel with the step's loss (one
+// all-reduce), so agreeing on them costs no extra message.
+struct StopFlags {
+  bool sigterm = false, sigint = false, time_up = false;
+  bool any() const { return sigterm || sigint || time_up; }
+};
+
 struct StepResult {
   double loss = 0;       // mean over the global batch
   double grad_norm = 0;  // before clipping (slim params: this rank's own gradient)
+  StopFlags stop;        // this rank's flags or'ed over every rank
   StepTimes times;
 };
 
@@ -35,9 +43,9 @@ class TrainStep {
   // `slim` may be null (no slim params).
   TrainStep(Communicator& comm, Model& model, DataParallel& dp, Optimizer& optim, SlimSync* slim);
   // Step `step` (0-based): `accum` micro-batches, micro-batch m from `batch(m)`; learning rate `lr`; clip the
-  // global gradient norm to `clip` (0 = off).
+  // global gradient norm to `clip` (0 = off). `stop()` gives this rank's flags once backward is done.
   StepResult run(int64_t step, int64_t accum, const std::function<Batch(int64_t)>& batch, double lr,
-                 double clip);
+                 double clip, const std::function<StopFlags()>& stop = nullptr);
 
  private:
   Communicator& comm_;

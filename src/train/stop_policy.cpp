@@ -1,9 +1,10 @@
-// stop_policy.cpp — evaluation, checkpoint and early-exit decisions after each step, and fault injection
-// (see stop_policy.h).
+// stop_policy.cpp — evaluation, checkpoint and early-exit decisions after each step, stop signals, fault
+// injection (see stop_policy.h).
 #include "stop_policy.h"
 
-#include <ATen/ATen.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,16 @@
 #include "slimshard/train.h"
 
 namespace slimshard {
+namespace {
+
+std::atomic<int> g_signal{0};  // the first stop signal received, or 0
+
+extern "C" void on_stop_signal(int sig) {
+  int none = 0;
+  if (!g_signal.compare_exchange_strong(none, sig)) _exit(128 + sig);  // the second: at once
+}
+
+}  // namespace
 
 Fault Fault::parse(const std::string& spec) {
   Fault f;
@@ -41,7 +52,16 @@ StopPolicy::StopPolicy(const TrainOptions& o, Communicator& comm, int64_t start_
       save_every_(o.save_every),
       exit_after_steps_(o.exit_after_steps),
       exit_after_mins_(o.exit_after_mins),
-      checkpoints_(!o.ckpt_dir.empty()) {}
+      checkpoints_(!o.ckpt_dir.empty()) {
+  g_signal = 0;
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+}
+
+StopPolicy::~StopPolicy() {
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGINT, SIG_DFL);
+}
 
 void StopPolicy::before_step(int64_t step) const {
   if (fault_.rank != comm_.rank() || fault_.step != step || fault_.kind == "killsave") return;
@@ -51,6 +71,15 @@ void StopPolicy::before_step(int64_t step) const {
   if (fault_.kind == "sleep") std::this_thread::sleep_for(std::chrono::hours(1));
   if (fault_.kind == "exit") std::_Exit(3);
   if (fault_.kind == "kill") std::raise(SIGKILL);
+}
+
+StopFlags StopPolicy::local_flags() const {
+  StopFlags f;
+  f.sigterm = g_signal == SIGTERM, f.sigint = g_signal == SIGINT;
+  f.time_up = exit_after_mins_ > 0 &&
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() >=
+                  60 * exit_after_mins_;
+  return f;
 }
 
 std::function<void()> StopPolicy::inside_save(int64_t step) const {
@@ -63,20 +92,20 @@ std::function<void()> StopPolicy::inside_save(int64_t step) const {
   };
 }
 
-bool StopPolicy::agreed_time_up() {
-  const double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() / 60.0;
-  at::Tensor up = at::full({1}, mins >= exit_after_mins_ ? 1.0 : 0.0, at::kDouble);
-  comm_.all_reduce(up, ReduceOp::sum)->wait();
-  return up.item<double>() > 0;
-}
-
-StepActions StopPolicy::after_step(int64_t step) {
+StepActions StopPolicy::after_step(int64_t step, const StopFlags& agreed) const {
   StepActions a;
   const int64_t done = step + 1;
   const bool last = done == steps_;
   a.eval = (eval_every_ > 0 && done % eval_every_ == 0) || last;
-  a.time_up = exit_after_mins_ > 0 && agreed_time_up();
-  a.exit = !last && ((exit_after_steps_ > 0 && done - start_step_ >= exit_after_steps_) || a.time_up);
+  if (agreed.sigterm || agreed.sigint) {
+    a.signal = agreed.sigterm ? SIGTERM : SIGINT;
+    a.why = agreed.sigterm ? "SIGTERM" : "SIGINT";
+    a.exit = true, a.eval = false;  // a scheduler's grace period is short: save and go
+  } else if (!last && exit_after_steps_ > 0 && done - start_step_ >= exit_after_steps_) {
+    a.exit = true, a.why = "--exit-after-steps";
+  } else if (!last && agreed.time_up) {
+    a.exit = true, a.why = "--exit-after-mins";
+  }
   a.save = checkpoints_ && ((save_every_ > 0 && done % save_every_ == 0) || last || a.exit);
   return a;
 }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <set>
 
 #include "metrics.h"
@@ -40,9 +41,15 @@ class Trainer {
   TrainSummary run();
 
  private:
+  // Runs `f` on every rank; a usage error on any becomes the same AgreedUsageError on all (f: no
+  // collectives).
+  void agreed(const std::function<void()>& f);
   void check_options();
+  void check_outputs();
+  void claim_checkpoint_dir();
   Plan choose_plan();
-  void build(const Plan& plan);
+  void build_model_layout(const Plan& plan);
+  void build();
   void print_start() const;
   void print_buffers() const;
   Batch batch(int64_t step, int64_t micro) const;
@@ -67,29 +74,87 @@ class Trainer {
   LrSchedule schedule_;
   std::vector<ShardedParam*> params_;
   std::map<std::string, OpChoice> choices_;
+  std::vector<Strategy> strategies_;  // per param, ParamSet order
   std::unique_ptr<DataParallel> dp_;  // after model_: destroyed before the params it hooks
   std::unique_ptr<SlimSync> slim_;    // Slim-DP for the params whose strategy is slim
   int64_t start_step_ = 0;            // > 0 when resumed
   std::string last_ckpt_;
+  std::string run_id_;  // the run's checkpoints carry it: --keep-last removes only this run's
 };
 
+// Setup in phases that end in agreement, so that a bad flag, file or plan seen by one rank (or all) ends the
+// job with one message and exit 2 on every rank, never with one rank waiting in a collective for the others.
 Trainer::Trainer(const TrainOptions& o, Communicator& comm) : o_(o), comm_(comm) {
   rank_ = comm_.rank();
   world_ = comm_.world();
-  check_options();
   memory::set_rank(rank_);
-  o_.data.seq_len = o_.model.seq_len;
-  o_.data.vocab = o_.model.vocab;
-  o_.data.seed = o_.seed;
-  data_ = open_dataset(o_.data);
-  if (data_->classification() != o_.model.is_classifier())
-    throw UsageError("--data " + o_.data.spec + " does not suit --model " + o_.model.describe() +
-                     (o_.model.is_classifier() ? " (classifiers train on fashion-mnist)"
-                                               : " (GPT trains on text or token files)"));
+  agreed([&] {
+    check_options();
+    check_outputs();
+    o_.data.seq_len = o_.model.seq_len;
+    o_.data.vocab = o_.model.vocab;
+    o_.data.seed = o_.seed;
+    data_ = open_dataset(o_.data);
+    if (data_->classification() != o_.model.is_classifier())
+      throw UsageError("--data " + o_.data.spec + " does not suit --model " + o_.model.describe() +
+                       (o_.model.is_classifier() ? " (classifiers train on fashion-mnist)"
+                                                 : " (GPT trains on text or token files)"));
+  });
+  claim_checkpoint_dir();
   const Plan plan = choose_plan();
   memory::set_limit(o_.mem_limit);  // the run's budget; osdp's profile (its own models) ran outside it
-  build(plan);
+  agreed([&] { build_model_layout(plan); });
+  build();
   if (!o_.resume.empty()) resume();
+}
+
+void Trainer::agreed(const std::function<void()>& f) {
+  std::string error;
+  try {
+    f();
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  error = agree_on_error(comm_, error);
+  if (!error.empty()) throw AgreedUsageError(error);
+}
+
+// Every output the run will write is checked before step 1: a run must not train for hours and then find it
+// cannot save. Rank 0 writes the metrics and the model file; every rank writes into the checkpoint directory.
+void Trainer::check_outputs() {
+  if (rank_ == 0 && !o_.metrics_path.empty()) check_output_file(o_.metrics_path, "--metrics");
+  if (rank_ == 0 && !o_.save_model.empty()) check_output_file(o_.save_model, "--save-model");
+  if (!o_.ckpt_dir.empty()) check_output_dir(o_.ckpt_dir, "--ckpt-dir");
+}
+
+// A checkpoint directory belongs to one run: a fresh run into a directory that holds another run's
+// checkpoints would mix them (and --keep-last would prune one with the other). Resuming from the directory
+// continues its run; the run id travels in every checkpoint's index.
+void Trainer::claim_checkpoint_dir() {
+  std::string id, error;
+  if (rank_ == 0) {
+    try {
+      const std::string resumed = o_.resume.empty() ? "" : latest_checkpoint(o_.resume);
+      if (!resumed.empty()) id = checkpoint_meta(resumed).state.value("run", std::string());
+      if (!o_.ckpt_dir.empty()) {
+        const std::vector<std::string> held = run_checkpoints(o_.ckpt_dir, "");
+        const bool continues = !resumed.empty() && !id.empty() && !run_checkpoints(o_.ckpt_dir, id).empty();
+        const bool same_dir = !resumed.empty() && std::filesystem::path(resumed).parent_path() ==
+                                                      std::filesystem::path(o_.ckpt_dir).lexically_normal();
+        if (!held.empty() && !continues && !same_dir)
+          throw UsageError(
+              "--ckpt-dir " + o_.ckpt_dir + " holds checkpoints of another run (" + held.front() +
+              (held.size() > 1 ? " and " + std::to_string(held.size() - 1) + " more" : "") +
+              "); resume them with --resume " + o_.ckpt_dir + ", or write to an empty directory");
+      }
+      if (id.empty()) id = new_run_id();
+    } catch (const UsageError& e) {
+      error = e.what();
+    }
+  }
+  error = agree_on_error(comm_, error);
+  if (!error.empty()) throw AgreedUsageError(error);
+  run_id_ = broadcast_string(comm_, id, 0);
 }
 
 void Trainer::check_options() {
@@ -115,8 +180,11 @@ void Trainer::check_options() {
 // rank, or read from --profile.
 Plan Trainer::choose_plan() {
   const RunSpec spec = run_spec(o_, world_);
-  if (o_.strategy != "osdp" || !o_.plan_file.empty()) return plan_of(spec);
-  const int64_t local = per_rank_batch(spec);
+  Plan plan;
+  int64_t local = 0;
+  const bool osdp = o_.strategy == "osdp" && o_.plan_file.empty();
+  agreed([&] { osdp ? void(local = per_rank_batch(spec)) : void(plan = plan_of(spec)); });
+  if (!osdp) return plan;
   if (!o_.profile.empty()) return plan_for_run(spec, nullptr, o_.profile, comm_, o_.verbose);
   const std::vector<int64_t> micro = profile_micro_batches(local);
   if (rank_ == 0) {
@@ -130,8 +198,8 @@ Plan Trainer::choose_plan() {
   return plan_for_run(spec, &p, "", comm_, o_.verbose);
 }
 
-// Model, per-op layout, data-parallel engine, Slim-DP, optimizer and schedule.
-void Trainer::build(const Plan& plan) {
+// The model and its per-op layout (this rank alone: what the plan asks must fit the model).
+void Trainer::build_model_layout(const Plan& plan) {
   const RunSpec spec = run_spec(o_, world_);
   micro_ = micro_batch_of(spec, plan);
   local_rows_ = per_rank_batch(spec);
@@ -139,9 +207,18 @@ void Trainer::build(const Plan& plan) {
   memory::PhaseScope phase(memory::Phase::init);
   model_ = build_model(o_.model, o_.seed);
   choices_ = resolve_plan(plan, op_shapes(*model_));
-  const std::vector<Strategy> strategies = apply_plan(choices_, *model_);
+  strategies_ = apply_plan(choices_, *model_);
+  if (o_.slim.adam == "corrected" && o_.optim.name != "adamw")
+    for (const auto& [op, c] : choices_)
+      if (c.strategy == Strategy::slim) throw UsageError("--slim-adam corrected: needs --optimizer adamw");
+}
+
+// The data-parallel engine over the laid-out model (collectives: rank 0's weights to every rank), Slim-DP,
+// the optimizer and the schedule.
+void Trainer::build() {
+  memory::PhaseScope phase(memory::Phase::init);
   params_ = model_->params().all();
-  dp_ = std::make_unique<DataParallel>(comm_, params_, strategies,
+  dp_ = std::make_unique<DataParallel>(comm_, params_, strategies_,
                                        DataParallel::Options{o_.bucket_bytes, o_.prefetch});
   std::vector<ShardedParam*> slim_params;
   for (ShardedParam* p : params_)
@@ -149,10 +226,7 @@ void Trainer::build(const Plan& plan) {
   if (!slim_params.empty()) {
     o_.slim.seed = o_.seed;
     slim_ = std::make_unique<SlimSync>(comm_, slim_params, o_.slim);
-    if (o_.slim.adam == "corrected") {
-      if (o_.optim.name != "adamw") throw UsageError("--slim-adam corrected: needs --optimizer adamw");
-      o_.optim.slim_ranks = world_;
-    }
+    if (o_.slim.adam == "corrected") o_.optim.slim_ranks = world_;
   }
   optim_ = std::make_unique<Optimizer>(o_.optim);
   optim_->init_state(params_);
@@ -178,11 +252,8 @@ void Trainer::save(int64_t steps, const StopPolicy& policy) {
     ops[op] = {{"strategy", strategy_name(c.strategy)}, {"splits", c.splits}};
   meta.plan = {{"world", world_}, {"ops", ops}};
   // Batches and the learning rate are functions of (seed, step): the step is the data position.
-  meta.state = {{"optimizer", o_.optim.name},
-                {"optimizer_steps", optim_->steps_taken()},
-                {"seed", o_.seed},
-                {"data_position", steps},
-                {"global_batch", o_.batch_size}};
+  meta.state = {{"run", run_id_},  {"optimizer", o_.optim.name}, {"optimizer_steps", optim_->steps_taken()},
+                {"seed", o_.seed}, {"data_position", steps},     {"global_batch", o_.batch_size}};
   if (slim_) meta.state["slim"] = slim_->state_json();
   const auto t0 = Clock::now();
   last_ckpt_ =
@@ -219,11 +290,9 @@ void Trainer::resume() {
   } catch (const UsageError& e) {
     error = e.what();
   }
-  // Every rank learns whether any rank failed, so none goes on alone.
-  at::Tensor failed = at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble);
-  comm_.all_reduce(failed, ReduceOp::sum)->wait();
-  if (!error.empty()) throw UsageError("--resume: " + error);
-  if (failed.item<double>() > 0) throw UsageError("--resume " + path + ": another rank could not load it");
+  // Every rank learns whether any rank failed, and why, so none goes on alone.
+  error = agree_on_error(comm_, error);
+  if (!error.empty()) throw AgreedUsageError("--resume: " + error);
   optim_->set_steps_taken(meta.state.value("optimizer_steps", meta.step));
   start_step_ = meta.step;
   dp_->after_optimizer_step();  // zero1/zero2: the full params from the loaded shards
@@ -368,21 +437,23 @@ TrainSummary Trainer::run() {
     const int64_t bytes0 = comm_.total_bytes();
     const auto t0 = Clock::now();
     const StepResult r = stepper.run(
-        step, accum_, [&](int64_t m) { return batch(step, m); }, schedule_.at(step), o_.clip);
+        step, accum_, [&](int64_t m) { return batch(step, m); }, schedule_.at(step), o_.clip,
+        [&] { return policy.local_flags(); });
     const double dt = seconds_since(t0);
     stats.record(r, dt, comm_.total_bytes() - bytes0);
     if (!std::isfinite(r.loss))
       throw RuntimeError("loss is " + std::to_string(r.loss) + " at step " + std::to_string(step) +
                          " (diverged; lower --lr?)");
     nlohmann::json rec = step_record(step, r, dt, comm_.total_bytes() - bytes0);
-    const StepActions act = policy.after_step(step);
+    const StepActions act = policy.after_step(step, r.stop);
     if (act.save && !act.eval && slim_) slim_->full_sync();  // a checkpoint holds one model
     if (act.eval) evaluate_into(rec, step, progress, s);
     if (act.save) save(step + 1, policy);
     if (act.exit) {
       stop = step + 1;
-      progress.message("stopping at step " + std::to_string(stop) + " (--exit-after-" +
-                       (act.time_up ? "mins" : "steps") + "); resume with --resume " + o_.ckpt_dir);
+      s.stop_signal = act.signal;
+      progress.message("stopping at step " + std::to_string(stop) + " (" + act.why + ")" +
+                       (o_.ckpt_dir.empty() ? "" : "; resume with --resume " + o_.ckpt_dir));
     }
     if (metrics) metrics->write(rec);
     progress.step(step, progress_status(rec, data_->classification()), dt);
@@ -394,7 +465,8 @@ TrainSummary Trainer::run() {
       metrics->write(summary_json(s, stats, comm_bytes_by_kind(comm_), prefetch_json(*dp_, o_.prefetch)));
     print_summary(s, stats, comm_.backend_name());
   }
-  save_and_sample(s);
+  if (!s.stop_signal)
+    save_and_sample(s);  // a run stopped by a signal has no final model: its checkpoint is it
   return s;
 }
 

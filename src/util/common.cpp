@@ -2,13 +2,16 @@
 #include "slimshard/common.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -85,13 +88,84 @@ void write_file_atomic(const std::string& path, const std::string& data) {
   }
 }
 
+void require_regular_file(const std::string& path, const std::string& what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0)
+    throw UsageError(what + " " + path + ": " + (errno == ENOENT ? "no such file" : std::strerror(errno)));
+  if (S_ISDIR(st.st_mode)) throw UsageError(what + " " + path + ": is a directory, not a file");
+  if (!S_ISREG(st.st_mode)) throw UsageError(what + " " + path + ": not a regular file");
+}
+
 std::string read_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError(what + " " + path + ": cannot open (" + std::strerror(errno) + ")");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw UsageError(what + " " + path + ": read error");
-  return ss.str();
+  require_regular_file(path, what);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw UsageError(what + " " + path + ": cannot open (" + std::strerror(errno) + ")");
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw UsageError(what + " " + path + ": read error (" + std::strerror(err) + ")");
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+namespace {
+// Creates and removes a file in `dir`: the way to know it can be written (permissions, read-only or full
+// file systems, /proc).
+void probe_write(const std::string& dir, const std::string& what, const std::string& path) {
+  const std::string probe =
+      (dir.empty() ? std::string(".") : dir) + "/.slimshard-probe." + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw UsageError(what + " " + path + ": cannot write there (" + std::strerror(errno) + ")");
+  const bool wrote = ::write(fd, "x", 1) == 1;
+  const int err = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!wrote) throw UsageError(what + " " + path + ": cannot write there (" + std::strerror(err) + ")");
+}
+}  // namespace
+
+void check_output_file(const std::string& path, const std::string& what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) throw UsageError(what + " " + path + ": is a directory");
+    if (::access(path.c_str(), W_OK) != 0)
+      throw UsageError(what + " " + path + ": cannot write (" + std::strerror(errno) + ")");
+    if (!S_ISREG(st.st_mode)) return;  // a device or a pipe the user chose: written as it is
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw UsageError(what + " " + path + ": directory " + dir + " does not exist");
+  probe_write(dir, what, path);
+}
+
+void check_output_dir(const std::string& dir, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw UsageError(what + " " + dir + ": cannot create the directory" +
+                     (ec ? " (" + ec.message() + ")" : ""));
+  probe_write(dir, what, dir);
+}
+
+uint32_t crc32_of(const void* data, size_t n, uint32_t crc) {
+  const auto* p = static_cast<const Bytef*>(data);
+  uLong c = crc;
+  for (size_t off = 0; off < n; off += 1u << 30) {  // zlib takes 32-bit lengths
+    const auto len = static_cast<uInt>(std::min<size_t>(n - off, 1u << 30));
+    c = crc32(c, p + off, len);
+  }
+  return static_cast<uint32_t>(c);
 }
 
 double median(std::vector<double> v) {
