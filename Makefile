@@ -7,8 +7,8 @@ RANKS ?= 2
 MPIRUN ?= mpirun $(if $(filter 0,$(shell id -u)),--allow-run-as-root,) --oversubscribe -n $(RANKS)
 
 FUZZ_SECONDS ?= 60
-SANITIZER_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:suppressions=$(CURDIR)/tests/asan.supp \
-  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+SANITIZER_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 .PHONY: all deps build demo test test-asan fuzz fuzz-smoke bench format clean
 

@@ -6,13 +6,15 @@
 # and ddp's measured peaks — osdp's tokens/s against every uniform strategy that fits (as measured: the others
 # stop with an out-of-budget error). Prints a table and writes it, with every bench's JSON, to OUT.
 # Goals (docs/osdp.md): every estimate within 10 % of measured and never more than 2 % below; osdp ≥ 0.97× the
-# best uniform strategy that fits on every shape, ≥ 1.1× zero3 on the median shape. About 40 min on 2 cores.
+# best uniform strategy that fits on every shape, ≥ 1.1× zero3 on the median shape. The runs under the budget
+# are repeated REPEAT times round-robin (default 3; medians). About an hour on 2 cores.
 #   bench/osdp_grid.sh                 SHAPES="w2-wide" STEPS=6 bench/osdp_grid.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${BIN:-$here/build/slimshard}
 out=${OUT:-$here/bench-out/osdp-grid}
 steps=${STEPS:-10}
+repeat=${REPEAT:-3}  # the runs under the budget, each entry this many times round-robin (medians)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -x "$bin" ] || { echo "build first: make build" >&2; exit 2; }
 mkdir -p "$out"
@@ -35,7 +37,7 @@ w2-mlp|2|--model mlp|64
 w2-cnn|2|--model cnn|64"
 shapes=${SHAPES:-$(echo "$all_shapes" | cut -d'|' -f1 | xargs)}
 
-echo "machine: $(nproc --all) cores; $(date -u +%F); $steps steps per run" >&2
+echo "machine: $(nproc --all) cores; $(date -u +%F); $steps steps per run, budget runs x$repeat" >&2
 for name in $shapes; do
   line=$(echo "$all_shapes" | grep "^$name|") || { echo "unknown shape $name" >&2; exit 2; }
   IFS='|' read -r _ ranks model batch <<<"$line"
@@ -57,7 +59,7 @@ import json; r = {x['strategy']: x for x in json.load(open('$out/$name-free.json
 print(int((r['zero3']['peak_bytes'] + r['ddp']['peak_bytes']) / 2))")
   # shellcheck disable=SC2086
   "$bin" bench -n "$ranks" --strategies ddp,zero1,zero2,zero3,osdp $common --mem-limit "$limit" \
-    --json "$out/$name-budget.json" >"$out/$name-budget.txt" 2>/dev/null
+    --repeat "$repeat" --json "$out/$name-budget.json" >"$out/$name-budget.txt" 2>/dev/null
 done
 
 python3 - "$out" $shapes <<'PY' | tee "$out/grid.md"

@@ -4,7 +4,7 @@
 # Exits non-zero if any harness finds a failure (its reproducer is left in BUILD/fuzz-out/<target>/).
 #   scripts/fuzz.sh build-fuzz 60
 set -euo pipefail
-build=${1:?usage: scripts/fuzz.sh BUILD SECONDS}; seconds=${2:-60}
+build=$(cd "${1:?usage: scripts/fuzz.sh BUILD SECONDS}" && pwd); seconds=${2:-60}
 here=$(cd "$(dirname "$0")/.." && pwd)
 total=0; failed=0
 for bin in "$build"/fuzz_*; do

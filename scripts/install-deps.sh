@@ -13,6 +13,8 @@ packages=(
   googletest libgtest-dev            # tests
   bible-kjv dataset-fashion-mnist    # real data
   python3-torch                      # PyTorch: the export check (tests/export_check.py) and the DDP peer (bench)
+  clang libclang-rt-14-dev           # make fuzz: libFuzzer and the sanitizer runtimes for clang
+  procps                             # pkill, for the preemption tests
 )
 
 missing=()

@@ -85,11 +85,13 @@ TEST(Charts, LineChartPlacesEveryPointOnLinearAxes) {
 
 TEST(Charts, MetricsCurvesByStepAndByBytes) {
   const std::string dir = test::scratch_dir(), path = dir + "/m.jsonl";
-  write_file_atomic(path,
-                    "{\"step\":1,\"loss\":4,\"comm_bytes\":1048576}\n"
-                    "{\"step\":2,\"loss\":2,\"comm_bytes\":2097152,\"val_loss\":3}\n"
-                    "{\"step\":3,\"loss\":1,\"comm_bytes\":1048576}\n"
-                    "{\"summary\":true,\"step\":3,\"loss\":7,\"val_loss\":9}\n");
+  write_file_atomic(
+      path,
+      "{\"step\":1,\"loss\":4,\"comm_bytes\":1048576}\n"
+      "{\"step\":2,\"loss\":2,\"comm_bytes\":2097152,\"val_loss\":3}\n"
+      "{\"step\":3,\"loss\":1,\"comm_bytes\":1048576}\n"
+      "{\"summary\":true,\"step\":3,\"loss\":7,\"val_loss\":9}\n"
+      "{\"summary\":3.3,\"step\":4,\"loss\":1}\n");  // a summary of any value is not a step (fuzzed)
   const Curve by_step = metrics_curve(path + ":run", "step", "loss", 1);
   EXPECT_EQ(by_step.label, "run");
   ASSERT_EQ(by_step.points.size(), 3u);  // the summary line is not a step

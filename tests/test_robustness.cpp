@@ -29,8 +29,7 @@ const std::string kTiny = "--model gpt-tiny --data kjv --batch-size 4 --eval-row
 
 // mpirun as the README runs it for a one-line error: -q keeps mpirun's own notices out of the output.
 std::string mpirun_q(int n) {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -q --oversubscribe -n " +
-         std::to_string(n) + " " + bin();
+  return test::mpi_env() + "mpirun -q --oversubscribe -n " + std::to_string(n) + " " + bin();
 }
 
 void write_gz(const std::string& path, const std::string& raw) {

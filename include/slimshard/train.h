@@ -101,7 +101,7 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
 // the mean y of k consecutive records at the last one's x; a shorter tail is dropped unless it is all there
 // is. `spec` is FILE or FILE:LABEL.
 Curve metrics_curve(const std::string& spec, const std::string& x, const std::string& y, int mean_of);
-// The last line of a metrics file (its summary), or an empty object.
+// The last summary line of a metrics file ("summary": true), or an empty object.
 nlohmann::json metrics_summary(const std::string& path);
 
 struct GenerateOptions {

@@ -64,8 +64,8 @@ std::vector<std::pair<int64_t, std::string>> checkpoints_in(const std::string& d
 nlohmann::json read_index(const std::string& path) {
   const std::string file = path + "/index.json";
   const nlohmann::json j = parse_json(read_file(file, "checkpoint index"), file);
-  if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("tensors") || !j.contains("files") ||
-      !j.at("tensors").is_object() || !j.at("files").is_array())
+  if (!j.is_object() || !j.contains("format") || j.at("format") != kFormat || !j.contains("tensors") ||
+      !j.contains("files") || !j.at("tensors").is_object() || !j.at("files").is_array())
     throw UsageError(file + ": not a slimshard checkpoint index");
   const nlohmann::json version = j.value("version", nlohmann::json());
   if (!version.is_number_integer() || version.get<int>() != kVersion)
@@ -331,8 +331,7 @@ std::vector<std::string> run_checkpoints(const std::string& dir, const std::stri
   for (const auto& [step, path] : checkpoints_in(dir)) {
     if (!run.empty()) {
       try {
-        if (read_index(path).value("state", nlohmann::json::object()).value("run", std::string()) != run)
-          continue;
+        if (checkpoint_meta(path).state.value("run", std::string()) != run) continue;
       } catch (const UsageError&) {
         continue;  // unreadable: not this run's to remove
       }
@@ -369,9 +368,14 @@ CheckpointMeta meta_of(const nlohmann::json& index, const std::string& where) {
     meta.state = index.value("state", nlohmann::json::object());
     if (!meta.plan.is_object() || !meta.state.is_object())
       throw UsageError(where + ": plan and state must be objects");
-    // The trainer state's numbers, exactly: a resumed run continues from them.
+    // The trainer state's fields, exactly typed: a resumed run continues from them.
     for (const char* key : {"optimizer_steps", "data_position", "global_batch"})
       if (meta.state.contains(key)) json_integer(meta.state[key], where + ": state." + key, 0, kMaxSteps);
+    for (const char* key : {"run", "optimizer"})
+      if (meta.state.contains(key) && !meta.state[key].is_string())
+        throw UsageError(where + ": state." + key + ": must be a string");
+    if (meta.state.contains("slim") && !meta.state["slim"].is_object())
+      throw UsageError(where + ": state.slim: must be an object");
     if (meta.plan.contains("world")) json_integer(meta.plan["world"], where + ": plan.world", 1, kMaxRanks);
     for (const auto& t : index.at("tensors").items()) meta.tensors.push_back(t.key());
   } catch (const nlohmann::json::exception& e) {

@@ -35,24 +35,33 @@ long futex(uint32_t* addr, int op, uint32_t val, const timespec* timeout) {
 
 inline void cpu_relax() { __builtin_ia32_pause(); }
 
+constexpr size_t kAlign = 64;
+char* aligned(void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  return reinterpret_cast<char*>((v + kAlign - 1) / kAlign * kAlign);
+}
+
 class ShmBackend final : public Backend {
  public:
   ShmBackend(MPI_Comm comm, int64_t bytes_per_rank) : comm_(comm) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &world_);
     half_ = static_cast<size_t>(std::max<int64_t>(bytes_per_rank / 2, 1 << 16)) / 64 * 64;
-    const auto seg = static_cast<MPI_Aint>(kHeader + 2 * half_);
+    // Each rank's segment starts on a cache line (MPI packs the segments without aligning them; the control
+    // block is 64-byte aligned). The segments' offsets within a page are the same in every process's mapping,
+    // so every process finds the same aligned start.
+    const auto seg = static_cast<MPI_Aint>(kHeader + 2 * half_ + kAlign);
     void* mine = nullptr;
     if (MPI_Win_allocate_shared(seg, 1, MPI_INFO_NULL, comm_, &mine, &win_) != MPI_SUCCESS)
       throw RuntimeError("MPI_Win_allocate_shared failed");
-    std::memset(mine, 0, kHeader);
+    std::memset(aligned(mine), 0, kHeader);
     base_.resize(static_cast<size_t>(world_));
     for (int q = 0; q < world_; ++q) {
       MPI_Aint size;
       int disp;
       void* p = nullptr;
       MPI_Win_shared_query(win_, q, &size, &disp, &p);
-      base_[static_cast<size_t>(q)] = static_cast<char*>(p);
+      base_[static_cast<size_t>(q)] = aligned(p);
     }
     MPI_Barrier(comm_);  // every header is zeroed before anyone waits on it
   }

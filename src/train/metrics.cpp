@@ -42,7 +42,10 @@ Curve metrics_curve(const std::string& spec, const std::string& x, const std::st
     ++n;
     if (line.empty()) continue;
     const nlohmann::json j = parse_json(line, "plot: " + path + ":" + std::to_string(n));
-    if (!j.is_object() || j.value("summary", false) || !j.contains("step")) continue;
+    // Only step records: a summary line (any value of "summary" but false) or a line without a step is
+    // skipped.
+    if (!j.is_object() || (j.contains("summary") && j.at("summary") != false) || !j.contains("step"))
+      continue;
     if (j.contains("comm_bytes") && j.at("comm_bytes").is_number()) bytes += j.at("comm_bytes").get<double>();
     if (!j.contains(y) || !j.at(y).is_number()) continue;
     if (!j.at("step").is_number())
@@ -66,15 +69,13 @@ Curve metrics_curve(const std::string& spec, const std::string& x, const std::st
 
 nlohmann::json metrics_summary(const std::string& path) {
   std::ifstream in(path);
-  std::string line, last;
-  while (std::getline(in, line))
-    if (!line.empty()) last = line;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(last);
-    if (j.is_object() && j.value("summary", false)) return j;
-  } catch (const nlohmann::json::exception&) {
+  std::string line;
+  nlohmann::json last = nlohmann::json::object();
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("summary") && j.at("summary") == true) last = j;
   }
-  return nlohmann::json::object();
+  return last;
 }
 
 }  // namespace slimshard

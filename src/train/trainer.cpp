@@ -289,6 +289,8 @@ void Trainer::resume() {
     meta = load_checkpoint(path, rank_, pieces(slim_state));
   } catch (const UsageError& e) {
     error = e.what();
+  } catch (const nlohmann::json::exception& e) {  // a field of the index's trainer state of the wrong type
+    error = path + "/index.json: bad trainer state (" + e.what() + ")";
   }
   // Every rank learns whether any rank failed, and why, so none goes on alone.
   error = agree_on_error(comm_, error);
