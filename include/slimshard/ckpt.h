@@ -102,11 +102,13 @@ CheckpointMeta checkpoint_meta(const std::string& path);
 // Reads the index (CRC-checked files, shapes, names) and fills every piece from whatever pieces cover its
 // range, at any world size and layout. Problems: UsageError naming the file and tensor.
 CheckpointMeta load_checkpoint(const std::string& path, int rank, const std::vector<TensorPiece>& pieces);
-// The newest complete checkpoint under `dir` as one safetensors file of full fp32 weights (GPT: GPT-2/nanoGPT
-// names) and OUT.config.json beside it (OUT without ".safetensors"); returns the checkpoint used.
-// With `loss_text`, also the model's loss on the file's first 4 rows of T+1 bytes (GPT), into *loss.
+// The newest complete checkpoint under `dir` as one safetensors file of full weights in `dtype` (fp32, or
+// bf16 rounded from the fp32 masters; GPT: GPT-2/nanoGPT names) and OUT.config.json beside it (OUT without
+// ".safetensors"); returns the checkpoint used. With `loss_text`, also the model's loss (fp32 weights) on the
+// file's first 4 rows of T+1 bytes (GPT), into *loss.
 std::string export_checkpoint(const std::string& dir, const std::string& out,
-                              const std::string& loss_text = "", double* loss = nullptr);
+                              const std::string& loss_text = "", double* loss = nullptr,
+                              at::ScalarType dtype = at::kFloat);
 // Every logical tensor whole (name → full tensor), from any checkpoint: for export.
 NamedTensors read_checkpoint_tensors(const std::string& path, CheckpointMeta* meta);
 

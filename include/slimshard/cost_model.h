@@ -65,6 +65,9 @@ struct CostOptions {
   double slim_fraction = 0.325;
   double slim_wire_bytes = 4;
   int slim_period = 1;
+  // Working copies gathered in precision.compute, gradients reduced in precision.reduce; a profile taken in
+  // another precision is refused.
+  Precision precision;
 };
 
 class CostModel {

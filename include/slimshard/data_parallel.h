@@ -30,6 +30,9 @@ class DataParallel {
   struct Options {
     int64_t bucket_bytes = 25 << 20;
     int prefetch = 1;
+    // Working copies in precision.compute; gradients reduced in precision.reduce (a bf16 wire: each
+    // gradient rounded once for the trip, the result added to the fp32 gradient).
+    Precision precision;
   };
   // Params must not have been sharded yet; their strategies are given here (same order as `params`).
   DataParallel(Communicator& comm, std::vector<ShardedParam*> params, const std::vector<Strategy>& strategies,
@@ -44,7 +47,8 @@ class DataParallel {
   void end_backward(bool last);
   // Sum of squared gradients over the whole model (for global-norm clipping), equal on every rank.
   double grad_sq_sum();
-  // zero1/zero2: all-gathers the updated shards into the full params.
+  // After the masters changed (optimizer step, loaded checkpoint): every working copy refreshed, and
+  // zero1/zero2's updated shards all-gathered into the full params.
   void after_optimizer_step();
   // Evaluation and generation materialize in another order: no prefetch meanwhile.
   void set_prefetch_enabled(bool on);
@@ -65,14 +69,20 @@ class DataParallel {
  private:
   struct Bucket {
     at::Tensor flat;
+    at::Tensor wire;  // the bucket in the reduce dtype, when it is not the gradients' (sized at start)
     std::vector<ShardedParam*> params;
     int pending = 0;
     std::shared_ptr<Work> work;
   };
   void on_grad_ready(ShardedParam& p);
+  // Whether gradient `g` travels in a narrower dtype than it is accumulated in.
+  bool narrow_wire(const at::Tensor& g) const {
+    return reduce_ == at::kBFloat16 && g.scalar_type() == at::kFloat;
+  }
   void launch_ready_buckets();
 
   Communicator& comm_;
+  at::ScalarType reduce_;
   std::vector<ShardedParam*> params_;
   std::vector<Bucket> buckets_;
   std::map<const ShardedParam*, int> bucket_of_;

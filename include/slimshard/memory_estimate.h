@@ -35,7 +35,9 @@ struct ActivationProfile {
   int64_t total_bytes = 0;                   // live at the end of forward
   int64_t backward_extra = 0;                // the highest in backward, beyond `total_bytes`
 };
-ActivationProfile probe_activations(const ModelConfig& config, int64_t micro_batch, uint64_t seed);
+// In mixed precision (`compute` bf16) the probe runs the model as training runs it, with bf16 working copies.
+ActivationProfile probe_activations(const ModelConfig& config, int64_t micro_batch, uint64_t seed,
+                                    at::ScalarType compute = at::kFloat);
 
 // The activation bytes at each moment the peak is sampled, in model order.
 struct ActivationMoments {
@@ -45,7 +47,8 @@ struct ActivationMoments {
 };
 ActivationMoments activation_moments(const ActivationProfile& act, const std::vector<OpShape>& ops);
 
-// Persistent bytes one rank holds for one op under a choice, from its params' sizes (fp32).
+// Persistent bytes one rank holds for one op under a choice, from its params' sizes: fp32 masters, gradients
+// and optimizer state; in mixed precision also the working copies (and DDP's bf16 bucket to reduce in).
 struct ChoiceMemory {
   int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;
   // The largest owned block, fp32: what the optimizer allocates per step.
@@ -53,25 +56,28 @@ struct ChoiceMemory {
   int64_t persistent() const { return param_bytes + grad_bytes + optim_bytes; }
 };
 // `param_numels`: the op's params at splits=1 (weight, bias); with splits k each is cut into k blocks.
-ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c, int world, int optim_states);
+ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c, int world, int optim_states,
+                           const Precision& prec = {});
 
 // Transient bytes at each moment, simulated as the engine runs a step (nn/ops.cpp, shard/data_parallel.cpp,
 // shard/prefetcher.cpp): zero3's gathered blocks — the op's own and what the prefetcher has issued ahead in
 // the recorded order, at most K+1 (more while one op holds several) — and zero2/zero3's full gradients from
 // allocation until reduce-scattered, the engine keeping at most two in flight besides the one being produced
 // (with slow links they are all alive: the bound is what the estimate takes) and waiting for all of them at
-// the end of each micro-batch's backward. `accum` micro-batches per step.
+// the end of each micro-batch's backward. `accum` micro-batches per step. Gathers travel in the compute
+// dtype; gradients are produced in fp32 and travel in the reduce dtype.
 struct TransientMoments {
   std::vector<OpMoments> ops;  // per op, model order
   int64_t after_forward = 0;   // while the loss runs
 };
 TransientMoments simulate_transients(const std::vector<OpShape>& ops, const std::vector<OpChoice>& choices,
-                                     int world, int prefetch, int64_t accum);
+                                     int world, int prefetch, int64_t accum, const Precision& prec = {});
 // What the search charges op `i` under `c`: its moments when every other op takes c's strategy (and its
 // splits where it is a linear op they divide) — exact for such uniform plans, the neighbours' own moments
 // covering most of what differs in others (the search checks its result with simulate_transients).
 OpMoments transients_in_uniform_neighbourhood(const std::vector<OpShape>& ops, size_t i, OpChoice c,
-                                              int world, int prefetch, int64_t accum);
+                                              int world, int prefetch, int64_t accum,
+                                              const Precision& prec = {});
 
 // The peak of a plan and the moment it falls at.
 struct PeakBreakdown {
@@ -101,7 +107,8 @@ struct MemoryEstimate {
 // tensors of state per param element (AdamW 2, SGD with momentum 1) and `accum` micro-batches per step.
 MemoryEstimate estimate_memory(const std::vector<OpShape>& ops,
                                const std::map<std::string, OpChoice>& choices, int world, int prefetch,
-                               int optim_states, int64_t accum, const ActivationProfile& act);
+                               int optim_states, int64_t accum, const ActivationProfile& act,
+                               const Precision& prec = {});
 // The per-op table and the totals, as `slimshard memory` prints them; and as JSON.
 void print_memory_estimate(const MemoryEstimate& est);
 nlohmann::json memory_estimate_json(const MemoryEstimate& est, int world);

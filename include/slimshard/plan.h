@@ -1,5 +1,6 @@
 // plan.h — per-operator plans: the strategy and splits of every op, read from a plan file or made uniform,
 // resolved against a model's ops and applied to it. A plan file: { "world": N?, "micro_batch": b?,
+// "precision": "fp32"|"bf16"?, "reduce_dtype": "fp32"|"bf16"?,
 // "ops": { "<op name or glob>": {"strategy": "zero3", "splits": 2}, ... } } — entries apply in file order,
 // later ones winning; `*` matches any run of characters, `?` one. Problems are usage errors naming file and
 // entry.
@@ -30,6 +31,8 @@ struct Plan {
   std::string source;  // file name, for messages
   int world = 0;       // 0 = any
   int64_t micro_batch = 0;
+  bool has_precision = false;  // checked against the run's when given
+  Precision precision;
   std::vector<PlanEntry> entries;
 };
 

@@ -40,6 +40,7 @@ struct Profile {
   int world = 1, threads = 1;
   std::string libtorch, date;
   ModelConfig model;
+  Precision precision;  // what the ops ran in and the collectives would carry (a plan must match it)
   std::vector<int64_t> micro_batches;
   std::vector<OpProfile> ops;                          // model order
   std::map<int64_t, double> loss_fwd_ms, loss_bwd_ms;  // after the last op: loss; backward's tail
@@ -59,6 +60,7 @@ struct Profile {
 struct ProfileOptions {
   int warmup = 2, repeats = 5;
   int64_t max_collective_bytes = 32 << 20;
+  Precision precision;  // the model runs (and its steps are timed) in this precision
 };
 
 // The micro-batches worth profiling for a per-rank batch of `local` rows: up to four of its divisors, the

@@ -32,6 +32,22 @@ constexpr bool gathers_on_use(Strategy s) { return s == Strategy::zero3; }
 // The full param stays resident and is all-gathered from the updated slices after each step (zero1, zero2).
 constexpr bool gathers_after_step(Strategy s) { return s == Strategy::zero1 || s == Strategy::zero2; }
 
+// The floating-point formats of a run, as FSDP's MixedPrecision: the fp32 master and optimizer state stay on
+// the rank that owns them; forward and backward use a working copy in `compute` (gathered in that dtype), and
+// gradients travel in `reduce` (accumulated over micro-batches in fp32 whatever it is).
+struct Precision {
+  at::ScalarType compute = at::kFloat;
+  at::ScalarType reduce = at::kFloat;
+  bool operator==(const Precision& o) const { return compute == o.compute && reduce == o.reduce; }
+  bool operator!=(const Precision& o) const { return !(*this == o); }
+  int compute_bytes() const { return compute == at::kBFloat16 ? 2 : 4; }
+  int reduce_bytes() const { return reduce == at::kBFloat16 ? 2 : 4; }
+  std::string name() const;  // "fp32", "bf16" or "bf16 (fp32 reduce)"-style, for messages
+};
+// "fp32" | "bf16" (what --precision and --reduce-dtype take); anything else is a UsageError naming `what`.
+at::ScalarType parse_float_type(const std::string& s, const std::string& what);
+const char* float_type_name(at::ScalarType t);
+
 // Elements of a tensor of `numel` padded to a multiple of `world` (how sharded params are laid out).
 constexpr int64_t padded_numel(int64_t numel, int world) { return (numel + world - 1) / world * world; }
 // Elements of a tensor of `numel` this rank owns and steps under `s`: all of it, or its 1/N slice.
@@ -67,7 +83,14 @@ class ShardedParam {
   //   zero2 full param, 1/N grad (the full grad exists only until reduce-scattered), 1/N optimizer state
   //   zero3 1/N param, 1/N grad, 1/N optimizer state; the full param only between materialize() and release()
   //   slim  as ddp, the gradient in its own storage (never reduced)
-  void shard(Strategy s, int rank, int world);
+  // With a `compute` dtype other than the master's (bf16), the master and its optimizer state are the owned
+  // slice alone, and what ops use is a working copy in `compute`: ddp/slim a full copy, zero1/zero2 the full
+  // param (gathered after each step), zero3 a copy of the shard (what is gathered). Gradients stay fp32.
+  void shard(Strategy s, int rank, int world, at::ScalarType compute = at::kFloat);
+  // The dtype ops compute in: the working copy's.
+  at::ScalarType compute_dtype() const { return compute_; }
+  // True when the working copy is not the master (mixed precision).
+  bool mixed() const { return compute_ != master_.scalar_type(); }
   int64_t padded_numel() const { return padded_; }
   int64_t shard_numel() const { return shard_numel_; }
   int64_t shard_offset() const { return shard_offset_; }
@@ -95,12 +118,27 @@ class ShardedParam {
   at::Tensor grad() const { return grad_; }
   std::map<std::string, at::Tensor>& optim_state() { return optim_state_; }
   void zero_grad();
-  // zero1/zero2: the padded flat full param; master() is its owned slice (all-gathered in place after a
-  // step).
+  // zero1/zero2: the padded flat full param (the working copy); owned_working() is this rank's slice of it,
+  // all-gathered in place after a step (in fp32 the same storage as master()).
   at::Tensor flat_param() { return flat_; }
+  at::Tensor owned_working() { return flat_.slice(0, shard_offset_, shard_offset_ + shard_numel_); }
+  // zero3: what this rank contributes to a gather (the working copy of its shard).
+  at::Tensor gather_source() const { return work_shard_.defined() ? work_shard_ : master_; }
+  // After the masters changed (an optimizer step, a loaded checkpoint, a Slim-DP round): the working copy
+  // takes their value. zero1/zero2: this rank's slice only (the caller all-gathers the rest). No-op when the
+  // working copy is the master.
+  void refresh_working();
+  // The full param as every rank holds it (ddp/slim: the master; zero1/zero2: the full working param), for
+  // checksums of whether ranks agree; undefined for zero3 (sharded).
+  at::Tensor replicated_value() const;
 
-  // The full current value (a copy); not for zero3 (see DataParallel::full_values).
+  // The full current master value (a copy); for replicated params, and zero1/zero2 in fp32 (otherwise the
+  // masters are shards: see DataParallel::full_values).
   at::Tensor full_value();
+  // Whether full_value() can answer without a gather.
+  bool has_full_master() const {
+    return is_replicated(strategy_) || (gathers_after_step(strategy_) && !mixed());
+  }
   // Overwrites the value (full, logical shape), e.g. from a saved model; before shard() only. A different
   // floating dtype re-lays the storage in that dtype (tests run ops in double).
   void set_value(const at::Tensor& full);
@@ -120,12 +158,16 @@ class ShardedParam {
   bool decay_;
   Strategy strategy_ = Strategy::ddp;
   int64_t padded_ = 0, shard_numel_ = 0, shard_offset_ = 0;
-  at::Tensor flat_;       // the full param, flat (padded when sharded); zero3: the gathered buffer, if any
-  at::Tensor full_;       // logical-shape view of flat_
-  at::Tensor master_;     // owned slice (ddp: all of flat_; zero1/2: a view into flat_; zero3: own storage)
-  at::Tensor grad_flat_;  // the full gradient, flat (padded when sharded)
-  at::Tensor grad_full_;  // logical-shape view of grad_flat_
-  at::Tensor grad_;       // owned gradient slice (ddp: the bucket view; zero: own storage)
+  at::ScalarType compute_ = at::kFloat;
+  at::Tensor flat_;        // the full param, flat (padded when sharded); zero1/2 mixed: the working copy
+  at::Tensor full_;        // logical-shape view of flat_
+  at::Tensor work_full_;   // ddp/slim mixed: the working copy, logical shape
+  at::Tensor work_shard_;  // zero3 mixed: the working copy of the owned shard
+  at::Tensor master_;      // owned slice (ddp: all of flat_; zero1/2: a view into flat_ in fp32, own storage
+                           // when mixed; zero3: own storage)
+  at::Tensor grad_flat_;   // the full gradient, flat (padded when sharded)
+  at::Tensor grad_full_;   // logical-shape view of grad_flat_
+  at::Tensor grad_;        // owned gradient slice (ddp: the bucket view; zero: own storage)
   std::map<std::string, at::Tensor> optim_state_;
   std::function<void(ShardedParam&)> on_grad_ready_;
   ParamGatherer* gatherer_ = nullptr;

@@ -45,8 +45,10 @@ struct TrainOptions {
   bool verbose = false;
   int64_t log_every = 0;  // plain progress lines every N steps when stderr is not a terminal; 0 = ~20 lines
   int64_t bucket_bytes = 25 << 20;  // DDP gradient bucket size
-  SlimOptions slim;                 // for ops whose strategy is slim
-  bool allow_slim = false;          // osdp: the search may choose slim for replicated ops
+  // bf16: forward and backward on bf16 working copies of fp32 masters; gradients reduced in precision.reduce
+  Precision precision;
+  SlimOptions slim;         // for ops whose strategy is slim
+  bool allow_slim = false;  // osdp: the search may choose slim for replicated ops
   // Checkpoints: every save_every steps (0 = only at the end and on exit-after) into ckpt_dir, keeping the
   // newest keep_last; resume from the newest complete checkpoint under `resume`.
   std::string ckpt_dir;
@@ -66,6 +68,7 @@ struct TrainSummary {
   std::string checkpoint;  // the last checkpoint written, if any
   int world = 1;
   int64_t params = 0;
+  std::string precision = "fp32";
   bool classifier = false;
   double final_loss = 0;  // mean over the last 10 steps
   double val_loss = -1, val_acc = -1;

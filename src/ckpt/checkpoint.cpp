@@ -533,7 +533,7 @@ std::string nanogpt_name(const std::string& n) {
 }  // namespace
 
 std::string export_checkpoint(const std::string& dir, const std::string& out, const std::string& loss_text,
-                              double* loss) {
+                              double* loss, at::ScalarType dtype) {
   const std::string stem = out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0
                                ? out.substr(0, out.size() - 12)
                                : out;
@@ -571,7 +571,7 @@ std::string export_checkpoint(const std::string& dir, const std::string& out, co
   for (auto& [name, t] : all) {
     const bool param = name.size() > 7 && (name.compare(name.size() - 7, 7, ".weight") == 0 ||
                                            name.compare(name.size() - 5, 5, ".bias") == 0);
-    if (param) weights.emplace_back(gpt ? nanogpt_name(name) : name, t);
+    if (param) weights.emplace_back(gpt ? nanogpt_name(name) : name, t.to(dtype));
   }
   nlohmann::json config = model;
   if (gpt)
@@ -579,6 +579,7 @@ std::string export_checkpoint(const std::string& dir, const std::string& out, co
               {"n_embd", cfg.n_embd}, {"block_size", cfg.seq_len}, {"vocab_size", cfg.vocab},
               {"bias", true},         {"lm_head_bias", false}};
   config["step"] = meta.step;
+  config["dtype"] = dtype == at::kBFloat16 ? "bfloat16" : "float32";
   // Both files or neither: the config first, and taken back if the weights cannot be written.
   const std::string bytes = safetensors_bytes(weights, {{"format", "pt"}, {"slimshard.model", model.dump()}});
   write_file_atomic(stem + ".config.json", config.dump(2) + "\n");

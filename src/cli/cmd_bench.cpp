@@ -92,8 +92,9 @@ Runner add_bench(CLI::App& app) {
     if (!has_flag(bench.train_args, "--steps"))
       bench.train_args.push_back("--steps=" + std::to_string(flags->t.train.steps));
     if (!has_flag(bench.train_args, "--eval-rows")) bench.train_args.push_back("--eval-rows=8");
-    bench.model_args =
-        flags_among({"--model", "--n-layer", "--n-head", "--n-embd", "--seq-len", "--vocab"}, true);
+    bench.model_args = flags_among({"--model", "--n-layer", "--n-head", "--n-embd", "--seq-len", "--vocab",
+                                    "--precision", "--reduce-dtype"},
+                                   true);
     char self[4096];
     const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
     if (len <= 0) throw RuntimeError("bench: cannot find the slimshard executable");

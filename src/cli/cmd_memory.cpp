@@ -39,15 +39,18 @@ Runner add_memory(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"adamw", "sgd"}));
   sub->add_option("--seed", train.seed, "seed")->capture_default_str()->check(seed_value());
+  add_precision_flags(sub, flags->t);
   sub->add_option("--json", flags->json, "also write the estimate as JSON");
   return [flags]() {
     TrainOptions train = flags->t.train;
     train.model = model_from_flags(flags->t);
+    train.precision = precision_from_flags(flags->t);
     if (!flags->json.empty()) check_output_file(flags->json, "--json");
     const MemoryEstimate est = estimate_for(run_spec(train, flags->world));
-    std::printf("%s on %d rank(s), %s, per rank:\n", train.model.describe().c_str(), flags->world,
+    std::printf("%s on %d rank(s), %s, %s, per rank:\n", train.model.describe().c_str(), flags->world,
                 train.plan_file.empty() ? ("--strategy " + train.strategy).c_str()
-                                        : ("--plan " + train.plan_file).c_str());
+                                        : ("--plan " + train.plan_file).c_str(),
+                train.precision.name().c_str());
     print_memory_estimate(est);
     if (!flags->json.empty()) write_file_atomic(flags->json, memory_estimate_json(est, flags->world).dump(2));
     return 0;

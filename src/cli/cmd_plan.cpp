@@ -50,6 +50,7 @@ Runner add_plan(CLI::App& app) {
   sub->add_flag("--no-splits", flags->no_splits, "do not split operators");
   sub->add_flag("--allow-slim", train.allow_slim, "Slim-DP may be chosen for replicated ops (see --slim-*)");
   add_slim_flags(sub, train.slim);
+  add_precision_flags(sub, flags->t);
   sub->add_option("--out", flags->out, "plan file to write")->capture_default_str();
   sub->add_option("--svg", flags->svg, "also draw the plan as an SVG page");
   sub->add_flag("--quiet", flags->quiet, "totals only, no per-op table");

@@ -35,6 +35,7 @@ Runner add_profile(CLI::App& app) {
   sub->add_option("--threads", flags->t.train.threads, "LibTorch threads per process")
       ->capture_default_str()
       ->check(integer(1, 256));
+  add_precision_flags(sub, flags->t);
   add_comm_flags(sub, flags->t.comm);
   return [flags]() {
     const ModelConfig model = model_from_flags(flags->t);
@@ -44,13 +45,14 @@ Runner add_profile(CLI::App& app) {
     at::set_num_threads(flags->t.train.threads);
     ProfileOptions profile_opts;
     profile_opts.repeats = flags->repeats;
+    profile_opts.precision = precision_from_flags(flags->t);
     const auto t0 = std::chrono::steady_clock::now();
     const Profile p = profile_training(model, micro, comm, profile_opts, flags->t.train.seed);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (comm.rank() != 0) return 0;
     write_file_atomic(flags->out, profile_to_json(p).dump(1));
-    std::printf("profiled %s on %d rank(s) in %.1f s -> %s\n", model.describe().c_str(), p.world, secs,
-                flags->out.c_str());
+    std::printf("profiled %s in %s on %d rank(s) in %.1f s -> %s\n", model.describe().c_str(),
+                p.precision.name().c_str(), p.world, secs, flags->out.c_str());
     print_profile(p);
     return 0;
   };

@@ -64,6 +64,23 @@ void add_model_flags(CLI::App* sub, TrainFlags& flags) {
                       ->check(integer(1, ModelConfig::kMaxVocab));
 }
 
+void add_precision_flags(CLI::App* sub, TrainFlags& flags) {
+  sub->add_option("--precision", flags.precision,
+                  "fp32 | bf16: forward and backward on bf16 copies of the fp32 weights (masters, optimizer, "
+                  "loss, LayerNorm statistics and softmax stay fp32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  sub->add_option("--reduce-dtype", flags.reduce_dtype,
+                  "fp32 | bf16: the dtype gradients are reduced in (accumulated in fp32 either way)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+}
+
+Precision precision_from_flags(const TrainFlags& flags) {
+  return Precision{parse_float_type(flags.precision, "--precision"),
+                   parse_float_type(flags.reduce_dtype, "--reduce-dtype")};
+}
+
 void add_slim_flags(CLI::App* sub, SlimOptions& slim) {
   sub->add_option("--slim-period", slim.period, "Slim-DP: steps per communication round (tau)")
       ->capture_default_str()
@@ -111,6 +128,7 @@ void add_train_flags(CLI::App* sub, TrainFlags& flags) {
       ->capture_default_str()
       ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3", "slim", "osdp"}));
   add_slim_flags(sub, train.slim);
+  add_precision_flags(sub, flags);
   sub->add_flag("--allow-slim", train.allow_slim, "osdp: Slim-DP may be chosen for replicated ops");
   sub->add_option("--profile", train.profile, "osdp: plan from this profile instead of profiling first");
   sub->add_option("--plan", train.plan_file,
@@ -209,6 +227,7 @@ TrainOptions train_options(const TrainFlags& flags) {
   if (!flags.mem_limit.empty()) train.mem_limit = parse_bytes(flags.mem_limit, "--mem-limit");
   train.data.eval_rows = flags.eval_rows >= 0 ? flags.eval_rows : (train.model.is_classifier() ? 0 : 256);
   train.bucket_bytes = static_cast<int64_t>(flags.bucket_mib * (1 << 20));
+  train.precision = precision_from_flags(flags);
   return train;
 }
 

@@ -119,6 +119,7 @@ std::string ModelConfig::describe() const {
 // ---------------------------------------------------------------------------------------------------------------
 at::Tensor Model::loss(const at::Tensor& x, const at::Tensor& y) {
   at::Tensor lg = logits(x);
+  if (lg.scalar_type() == at::kBFloat16) lg = lg.to(at::kFloat);  // the loss in fp32 (mixed precision)
   return at::cross_entropy_loss(lg.reshape({-1, lg.size(-1)}), y.reshape({-1}));
 }
 
@@ -168,8 +169,12 @@ class GPT final : public Model {
       at::Tensor q = qkv[0].view({B, T, H, D}).transpose(1, 2);
       at::Tensor k = qkv[1].view({B, T, H, D}).transpose(1, 2);
       at::Tensor v = qkv[2].view({B, T, H, D}).transpose(1, 2);
-      at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul(scale);
-      att = att.masked_fill(mask, -std::numeric_limits<float>::infinity()).softmax(-1);
+      // Scaled and masked in place: the product's backward needs q and k, not its output. In bf16 the scores
+      // and the softmax's output are bf16; LibTorch's softmax computes in fp32 inside (its output equals the
+      // fp32 softmax's rounded to bf16, bit for bit: docs/precision.md).
+      at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
+      att.masked_fill_(mask, -std::numeric_limits<float>::infinity());
+      att = att.softmax(-1);
       at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
       x = x + (*b.attn_proj)(y);
       x = x + (*b.mlp_proj)(at::gelu((*b.fc)((*b.ln2)(x))));

@@ -67,8 +67,27 @@ at::Tensor draw(std::vector<int64_t> shape, Init init, int64_t fan_in, at::Gener
 }
 
 void accumulate(ShardedParam* p, const at::Tensor& g) {
-  p->grad_buffer().add_(g);
+  p->grad_buffer().add_(g);  // a bf16 gradient is added into the fp32 one
   p->grad_ready();
+}
+
+// The weight gradient a·b of a matmul added into p's gradient: in place when the dtypes agree; in mixed
+// precision computed in the compute dtype and then added (LibTorch has no bf16 × bf16 → fp32 GEMM).
+void add_mm_grad(ShardedParam* p, const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor g = p->grad_buffer();
+  if (g.scalar_type() == a.scalar_type())
+    g.addmm_(a, b);
+  else
+    g.add_(at::mm(a, b));
+}
+
+// A bias gradient: the sum over rows, accumulated in fp32 even when the rows are bf16.
+at::Tensor sum_rows(const at::Tensor& dy, at::IntArrayRef dims) {
+  return dy.scalar_type() == at::kBFloat16 ? at::sum(dy, dims, false, at::kFloat) : dy.sum(dims);
+}
+
+at::Tensor as_type(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype ? t : t.to(dtype);
 }
 
 }  // namespace
@@ -156,7 +175,9 @@ void Linear::set_splits(ParamSet& ps, int k) {
 
 at::Tensor Linear::operator()(const at::Tensor& x) { return apply_op(*this, x); }
 
-at::Tensor Linear::forward_impl(AutogradContext* ctx, const at::Tensor& x) {
+at::Tensor Linear::forward_impl(AutogradContext* ctx, const at::Tensor& input) {
+  // In mixed precision the input is cast to the weights' compute dtype and kept so (half the bytes saved).
+  const at::Tensor x = as_type(input, w_[0]->compute_dtype());
   ctx->save_for_backward({x});
   at::Tensor x2 = x.reshape({-1, in_});
   std::vector<int64_t> shape = x.sizes().vec();
@@ -187,7 +208,7 @@ at::Tensor Linear::forward_impl(AutogradContext* ctx, const at::Tensor& x) {
 at::Tensor Linear::backward_impl(AutogradContext* ctx, const at::Tensor& dy) {
   at::Tensor x = ctx->get_saved_variables()[0];
   at::Tensor x2 = x.reshape({-1, in_});
-  at::Tensor dy2 = dy.reshape({-1, out_});
+  at::Tensor dy2 = as_type(dy, x.scalar_type()).reshape({-1, out_});
   const bool need_dx = ctx->needs_input_grad(0);
   const int64_t rows = out_ / splits();
   at::Tensor dx;
@@ -196,10 +217,10 @@ at::Tensor Linear::backward_impl(AutogradContext* ctx, const at::Tensor& dy) {
     at::Tensor dyj = splits() == 1 ? dy2 : dy2.narrow(1, j * rows, rows);
     at::Tensor w = wp->materialize();
     if (need_dx) dx = j == 0 ? at::mm(dyj, w) : dx.addmm_(dyj, w);
-    wp->grad_buffer().addmm_(dyj.t(), x2);
+    add_mm_grad(wp, dyj.t(), x2);
     wp->release();
     wp->grad_ready();
-    if (!b_.empty()) accumulate(b_[static_cast<size_t>(j)], dyj.sum(0));
+    if (!b_.empty()) accumulate(b_[static_cast<size_t>(j)], sum_rows(dyj, {0}));
   }
   return need_dx ? dx.view(x.sizes()) : dx;
 }
@@ -217,12 +238,14 @@ at::Tensor Embedding::forward_impl(AutogradContext* ctx, const at::Tensor& ids) 
   ctx->save_for_backward({ids});
   at::Tensor y = at::embedding(w_->materialize(), ids);
   w_->release();
-  return y;
+  // The rows start the residual stream, which stays in the master dtype (fp32) in mixed precision.
+  return as_type(y, w_->master().scalar_type());
 }
 
 at::Tensor Embedding::backward_impl(AutogradContext* ctx, const at::Tensor& dy) {
   at::Tensor ids = ctx->get_saved_variables()[0];
-  w_->grad_buffer().index_add_(0, ids.reshape({-1}), dy.reshape({-1, dim_}));
+  at::Tensor g = w_->grad_buffer();
+  g.index_add_(0, ids.reshape({-1}), as_type(dy, g.scalar_type()).reshape({-1, dim_}));
   w_->grad_ready();
   return at::Tensor();
 }
@@ -237,18 +260,25 @@ LayerNorm::LayerNorm(ParamSet& ps, std::string name, int64_t dim, double eps)
 
 at::Tensor LayerNorm::operator()(const at::Tensor& x) { return apply_op(*this, x); }
 
-at::Tensor LayerNorm::forward_impl(AutogradContext* ctx, const at::Tensor& x) {
-  auto out = at::native_layer_norm(x, {dim_}, w_->materialize(), b_->materialize(), eps_);
+// Statistics in the master dtype (fp32) whatever the compute dtype; the output in the compute dtype, which is
+// what the Linear after it takes.
+at::Tensor LayerNorm::forward_impl(AutogradContext* ctx, const at::Tensor& input) {
+  const at::ScalarType st = w_->master().scalar_type();
+  const at::Tensor x = as_type(input, st);
+  auto out =
+      at::native_layer_norm(x, {dim_}, as_type(w_->materialize(), st), as_type(b_->materialize(), st), eps_);
   w_->release();
   b_->release();
   ctx->save_for_backward({x, std::get<1>(out), std::get<2>(out)});
-  return std::get<0>(out);
+  return as_type(std::get<0>(out), w_->compute_dtype());
 }
 
 at::Tensor LayerNorm::backward_impl(AutogradContext* ctx, const at::Tensor& dy) {
   auto saved = ctx->get_saved_variables();
-  auto grads = at::native_layer_norm_backward(dy, saved[0], {dim_}, saved[1], saved[2], w_->materialize(),
-                                              b_->materialize(), {ctx->needs_input_grad(0), true, true});
+  const at::ScalarType st = saved[0].scalar_type();
+  auto grads = at::native_layer_norm_backward(as_type(dy, st), saved[0], {dim_}, saved[1], saved[2],
+                                              as_type(w_->materialize(), st), as_type(b_->materialize(), st),
+                                              {ctx->needs_input_grad(0), true, true});
   w_->release();
   b_->release();
   accumulate(w_, std::get<1>(grads));
@@ -270,7 +300,8 @@ Conv2d::Conv2d(ParamSet& ps, std::string name, int64_t in_ch, int64_t out_ch, in
 
 at::Tensor Conv2d::operator()(const at::Tensor& x) { return apply_op(*this, x); }
 
-at::Tensor Conv2d::forward_impl(AutogradContext* ctx, const at::Tensor& x) {
+at::Tensor Conv2d::forward_impl(AutogradContext* ctx, const at::Tensor& input) {
+  const at::Tensor x = as_type(input, w_->compute_dtype());
   ctx->save_for_backward({x});
   at::Tensor y =
       at::conv2d(x, w_->materialize(), b_->materialize(), {stride_, stride_}, {padding_, padding_});
@@ -281,13 +312,15 @@ at::Tensor Conv2d::forward_impl(AutogradContext* ctx, const at::Tensor& x) {
 
 at::Tensor Conv2d::backward_impl(AutogradContext* ctx, const at::Tensor& dy) {
   at::Tensor x = ctx->get_saved_variables()[0];
+  const at::Tensor g = as_type(dy, x.scalar_type());
+  const bool mixed = w_->mixed();  // the bias gradient summed in fp32 (below), not by the bf16 kernel
   std::vector<int64_t> bias_sizes{out_ch_};
   auto grads = at::convolution_backward(
-      dy, x, w_->materialize(), at::OptionalIntArrayRef(bias_sizes), {stride_, stride_}, {padding_, padding_},
-      {1, 1}, /*transposed=*/false, {0, 0}, /*groups=*/1, {ctx->needs_input_grad(0), true, true});
+      g, x, w_->materialize(), at::OptionalIntArrayRef(bias_sizes), {stride_, stride_}, {padding_, padding_},
+      {1, 1}, /*transposed=*/false, {0, 0}, /*groups=*/1, {ctx->needs_input_grad(0), true, !mixed});
   w_->release();
   accumulate(w_, std::get<1>(grads));
-  accumulate(b_, std::get<2>(grads));
+  accumulate(b_, mixed ? sum_rows(g, {0, 2, 3}) : std::get<2>(grads));
   return std::get<0>(grads);
 }
 

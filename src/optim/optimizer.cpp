@@ -1,11 +1,17 @@
 // optimizer.cpp — AdamW, SGD with momentum, LR schedule and gradient-norm helpers (see optim.h).
 #include <cmath>
 
+#include "adamw_kernel.h"
 #include "slimshard/common.h"
 #include "slimshard/optim.h"
 #include "slimshard/sharded_param.h"
 
 namespace slimshard {
+namespace {
+
+bool fusable(const at::Tensor& t) { return t.scalar_type() == at::kFloat && t.is_contiguous(); }
+
+}  // namespace
 
 Optimizer::Optimizer(OptimConfig c) : c_(std::move(c)) {
   if (c_.name != "adamw" && c_.name != "sgd")
@@ -37,11 +43,26 @@ void Optimizer::step(const std::vector<ShardedParam*>& params, double lr) {
       auto& m = st["exp_avg"];
       auto& v = st["exp_avg_sq"];
       if (!m.defined()) m = at::zeros_like(w), v = at::zeros_like(w);
+      const bool corrected = c_.slim_ranks > 1 && p->strategy() == Strategy::slim;
+      if (!corrected && fusable(w) && fusable(g) && fusable(m) && fusable(v)) {
+        const bool decays = p->decay() && c_.weight_decay != 0;
+        const AdamWScalars k{static_cast<float>(c_.beta1),
+                             static_cast<float>(c_.beta2),
+                             static_cast<float>(1.0 - c_.beta1),
+                             static_cast<float>(1.0 - c_.beta2),
+                             decays ? static_cast<float>(1.0 - lr * c_.weight_decay) : 1.0f,
+                             static_cast<float>(-lr / bc1),
+                             static_cast<float>(std::sqrt(bc2)),
+                             static_cast<float>(c_.eps)};
+        adamw_update(w.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
+                     w.numel(), k);
+        continue;
+      }
       m.mul_(c_.beta1).add_(g, 1.0 - c_.beta1);
       v.mul_(c_.beta2).addcmul_(g, g, 1.0 - c_.beta2);
       if (p->decay() && c_.weight_decay != 0) w.mul_(1.0 - lr * c_.weight_decay);
       at::Tensor denom;
-      if (c_.slim_ranks > 1 && p->strategy() == Strategy::slim) {
+      if (corrected) {
         // A rank's v̂ measures its own 1/N-batch gradient; v̂ − m̂² is that gradient's variance, which the
         // average over N ranks divides by N: denom = √(m̂² + max(v̂ − m̂², 0)/N) + ε.
         at::Tensor m_hat_sq = m.square().div_(bc1 * bc1);

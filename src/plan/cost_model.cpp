@@ -49,6 +49,11 @@ CostModel CostModel::from_profile(const Profile& p, const CostOptions& o) {
     throw UsageError("--profile: taken at world size " + std::to_string(p.world) + ", planning for " +
                      std::to_string(o.world) + " (profile again under mpirun -n " + std::to_string(o.world) +
                      ", or pass --scale-profile to re-derive its collectives by the ring model)");
+  if (p.precision != o.precision)
+    throw UsageError("--profile: taken in " + p.precision.name() + ", this run is " + o.precision.name() +
+                     " (op times and activations differ: profile again with --precision " +
+                     float_type_name(o.precision.compute) + " --reduce-dtype " +
+                     float_type_name(o.precision.reduce) + ")");
   CostModel m;
   m.o_ = o;
   m.model_ = p.model;
@@ -171,18 +176,19 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
   // collective issued among busy threads instead of the fit's α (from back-to-back collectives, threads
   // awake). Reductions and the after-step gathers go back to back and keep α.
   const double lat = coll_overhead_;
+  // Weights travel in the compute dtype, gradients in the reduce dtype.
+  const double wb = o_.precision.compute_bytes(), gb = o_.precision.reduce_bytes();
   for (int64_t numel : p.param_numels) {
     const int64_t n = numel / c.splits;
-    const double padded = 4.0 * static_cast<double>(padded_numel(n, o_.world));
+    const double padded = static_cast<double>(padded_numel(n, o_.world));
     if (multi) {
-      t_ag += c.splits * ag.ms(padded);
-      t_gather += c.splits * (std::max(ag.alpha_ms, lat) + ag.beta_ms_per_byte * padded);
-      t_rs += c.splits * rs.ms(padded);
+      t_ag += c.splits * ag.ms(wb * padded);
+      t_gather += c.splits * (std::max(ag.alpha_ms, lat) + ag.beta_ms_per_byte * wb * padded);
+      t_rs += c.splits * rs.ms(gb * padded);
       // DDP fuses gradients into buckets: bandwidth for these bytes, latency for their share of a bucket.
-      t_ar +=
-          c.splits *
-          (ar.beta_ms_per_byte * 4.0 * static_cast<double>(n) +
-           ar.alpha_ms * std::min(1.0, 4.0 * static_cast<double>(n) / static_cast<double>(o_.bucket_bytes)));
+      const double bytes = gb * static_cast<double>(n);
+      t_ar += c.splits * (ar.beta_ms_per_byte * bytes +
+                          ar.alpha_ms * std::min(1.0, bytes / static_cast<double>(o_.bucket_bytes)));
     }
     // Replicated ops (ddp, slim) step every element on every rank; sharded ones their shard.
     owned += c.splits * static_cast<double>(owned_numel(c.strategy, n, o_.world));
@@ -226,7 +232,7 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
     for (int64_t numel : p.param_numels) n += static_cast<double>(numel);
     cc.time_ms = std::max(0.0, cc.time_ms + it->second * n / param_numel_);
   }
-  cc.mem = choice_memory(p.param_numels, c, o_.world, o_.optim_states);
+  cc.mem = choice_memory(p.param_numels, c, o_.world, o_.optim_states, o_.precision);
   const OpMoments t = op_transients(op, c, static_cast<int64_t>(accum)), a = act_moments(p, micro);
   cc.transient_bytes = t.most();
   cc.load_bytes = std::max(std::max(a.before_fwd + t.before_fwd, a.fwd + t.fwd),
@@ -246,7 +252,8 @@ OpMoments CostModel::op_transients(size_t op, OpChoice c, int64_t accum) const {
   const auto key = std::make_tuple(op, static_cast<int>(c.strategy), c.splits, accum > 1);
   auto it = transients_.find(key);
   if (it != transients_.end()) return it->second;
-  return transients_[key] = transients_in_uniform_neighbourhood(shapes_, op, c, o_.world, o_.prefetch, accum);
+  return transients_[key] =
+             transients_in_uniform_neighbourhood(shapes_, op, c, o_.world, o_.prefetch, accum, o_.precision);
 }
 
 ActivationMoments CostModel::activations(int64_t micro) const {
@@ -282,7 +289,7 @@ PlanCost CostModel::evaluate(const std::map<std::string, OpChoice>& choices, int
   }
   const PeakBreakdown peak =
       peak_of(persistent, scratch, activations(micro),
-              simulate_transients(shapes_, plan, o_.world, o_.prefetch, pc.accum), shapes_);
+              simulate_transients(shapes_, plan, o_.world, o_.prefetch, pc.accum, o_.precision), shapes_);
   pc.peak_bytes = peak.peak, pc.persistent_bytes = peak.persistent;
   pc.activation_bytes = peak.activations, pc.transient_bytes = peak.transient, pc.peak_at = peak.moment;
   pc.samples_per_s = static_cast<double>(o_.global_batch) / (pc.step_ms / 1e3);

@@ -12,13 +12,15 @@
 
 namespace slimshard {
 
-ActivationProfile probe_activations(const ModelConfig& config, int64_t micro_batch, uint64_t seed) {
+ActivationProfile probe_activations(const ModelConfig& config, int64_t micro_batch, uint64_t seed,
+                                    at::ScalarType compute) {
   ActivationProfile prof;
   prof.micro_batch = micro_batch;
   auto model = build_model(config, seed);
   // Laid out as training lays it out, so that the gradients exist before backward: they are persistent
   // memory, counted by strategy (in a model never sharded, backward would allocate them as it goes).
-  for (ShardedParam* p : model->params().all()) p->shard(Strategy::ddp, 0, 1);
+  // (In mixed precision the working copies are persistent too: choice_memory counts them.)
+  for (ShardedParam* p : model->params().all()) p->shard(Strategy::ddp, 0, 1, compute);
   const int64_t base = memory::live_bytes();
   const auto [x, y] = random_inputs(config, micro_batch, seed);  // the batch is live through the step too
   int64_t prev = base;
@@ -75,9 +77,14 @@ ActivationMoments activation_moments(const ActivationProfile& act, const std::ve
   return m;
 }
 
-ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c, int world,
-                           int optim_states) {
-  constexpr int64_t kF = 4;  // fp32
+ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c, int world, int optim_states,
+                           const Precision& prec) {
+  constexpr int64_t kF = 4;  // fp32: masters, gradients, optimizer state
+  // Mixed precision: the working copy in the compute dtype beside the master (ddp/slim full, zero1/zero2 the
+  // full param instead of an fp32 one, zero3 its shard); a bf16 reduce gives DDP buckets a bf16 twin.
+  const bool mixed = prec.compute != at::kFloat;
+  const int64_t kC = prec.compute_bytes();
+  const int64_t wire = prec.reduce == at::kBFloat16 && world > 1 ? prec.reduce_bytes() : 0;
   ChoiceMemory m;
   for (int64_t numel : param_numels) {
     const int64_t n = numel / c.splits;  // one block; splits divide the output features, so they divide numel
@@ -87,22 +94,24 @@ ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c,
       m.optim_bytes += kF * optim_states * owned;
       switch (c.strategy) {
         case Strategy::ddp:
-          m.param_bytes += kF * n, m.grad_bytes += kF * n;
+          m.param_bytes += kF * n + (mixed ? kC * n : 0), m.grad_bytes += kF * n + wire * n;
           break;
         case Strategy::zero1:
-          m.param_bytes += kF * padded, m.grad_bytes += kF * (padded + owned);
+          m.param_bytes += mixed ? kF * owned + kC * padded : kF * padded;
+          m.grad_bytes += kF * (padded + owned);
           break;
         case Strategy::zero2:
-          m.param_bytes += kF * padded, m.grad_bytes += kF * owned;
+          m.param_bytes += mixed ? kF * owned + kC * padded : kF * padded;
+          m.grad_bytes += kF * owned;
           break;
         case Strategy::zero3:
-          m.param_bytes += kF * owned, m.grad_bytes += kF * owned;
+          m.param_bytes += kF * owned + (mixed ? kC * owned : 0), m.grad_bytes += kF * owned;
           break;
         case Strategy::slim:
           // As ddp, plus what Slim-DP keeps: the anchor and the signal (fp32 each), the core and selection
           // masks (a byte each) and the packed round (4 bytes per selected element, ~1.3 at the defaults):
           // ~11 bytes.
-          m.param_bytes += 3 * kF * n + 3 * n, m.grad_bytes += kF * n;
+          m.param_bytes += 3 * kF * n + 3 * n + (mixed ? kC * n : 0), m.grad_bytes += kF * n;
           break;
       }
     }
@@ -169,8 +178,14 @@ std::vector<Event> op_events(const OpShape& op, int splits, bool backward) {
 class TransientSim {
  public:
   TransientSim(const std::vector<OpShape>& ops, const std::vector<OpChoice>& choices, int world, int prefetch,
-               int64_t accum)
-      : ops_(ops), choices_(choices), world_(world), depth_(std::max(0, prefetch)), accum_(accum) {
+               int64_t accum, const Precision& prec)
+      : ops_(ops),
+        choices_(choices),
+        world_(world),
+        depth_(std::max(0, prefetch)),
+        accum_(accum),
+        gather_bytes_(prec.compute_bytes()),
+        narrow_wire_(prec.reduce == at::kBFloat16) {
     for (size_t i = 0; i < ops.size(); ++i) base_.push_back(static_cast<int>(ids_)), ids_ += 2 * 64;
     record_trace();
   }
@@ -188,10 +203,12 @@ class TransientSim {
   }
 
  private:
-  int64_t block_bytes(size_t op, int param) const {
+  // The padded elements of one block of op's param.
+  int64_t block_numel(size_t op, int param) const {
     const int64_t n = ops_[op].param_numels.at(static_cast<size_t>(param)) / choices_[op].splits;
-    return 4 * padded_numel(n, world_);
+    return padded_numel(n, world_);
   }
+  int64_t block_bytes(size_t op, int param) const { return 4 * block_numel(op, param); }  // fp32 gradient
   int key(size_t op, const Event& e) const { return base_[op] + 2 * e.block + e.param; }
   int64_t live() const { return gathered_bytes_ + own_bytes_ + flight_bytes_; }
 
@@ -201,7 +218,7 @@ class TransientSim {
         const size_t i = backward ? ops_.size() - 1 - k : k;
         if (!gathers_on_use(choices_[i].strategy)) continue;
         for (const Event& e : op_events(ops_[i], choices_[i].splits, backward))
-          if (e.ev == Ev::acquire) trace_.push_back(block_bytes(i, e.param));
+          if (e.ev == Ev::acquire) trace_.push_back(gather_bytes_ * block_numel(i, e.param));
       }
   }
   void issue(size_t at) {
@@ -244,11 +261,18 @@ class TransientSim {
           if (frees_full_grad(s)) own_bytes_ += block_bytes(i, e.param);
           break;
         case Ev::ready: {
-          if (!frees_full_grad(s)) break;
-          const int64_t full = block_bytes(i, e.param);
-          own_bytes_ -= full;
-          if (world_ == 1 && accum_ == 1) break;  // copied into the owned slice at once
-          const int64_t held = full + (accum_ > 1 ? full / world_ : 0);  // accumulation adds a slice buffer
+          const int64_t numel = block_numel(i, e.param);
+          int64_t held = 0;  // what travels: the gradient (or its bf16 copy) and the slice it lands in
+          if (frees_full_grad(s)) {
+            own_bytes_ -= 4 * numel;
+            if (world_ == 1 && accum_ == 1) break;  // copied into the owned slice at once
+            held = narrow_wire_ ? 2 * (numel + numel / world_)
+                                : 4 * (numel + (accum_ > 1 ? numel / world_ : 0));  // accumulation: a slice
+          } else if (s == Strategy::zero1 && narrow_wire_ && world_ > 1) {
+            held = 2 * (numel + numel / world_);  // the bf16 copy of the persistent full gradient
+          } else {
+            break;
+          }
           flight_.push_back(held), flight_bytes_ += held;
           while (flight_.size() > 2) flight_bytes_ -= flight_.front(), flight_.pop_front();
           break;
@@ -264,6 +288,8 @@ class TransientSim {
   const std::vector<OpChoice>& choices_;
   int world_, depth_;
   int64_t accum_;
+  int64_t gather_bytes_;  // per element gathered: the compute dtype's
+  bool narrow_wire_;      // gradients reduced in bf16
   std::vector<int> base_;
   size_t ids_ = 0;
   std::vector<int64_t> trace_;  // bytes of each recorded gather, forward then backward
@@ -277,12 +303,12 @@ class TransientSim {
 }  // namespace
 
 TransientMoments simulate_transients(const std::vector<OpShape>& ops, const std::vector<OpChoice>& choices,
-                                     int world, int prefetch, int64_t accum) {
-  return TransientSim(ops, choices, world, prefetch, accum).run();
+                                     int world, int prefetch, int64_t accum, const Precision& prec) {
+  return TransientSim(ops, choices, world, prefetch, accum, prec).run();
 }
 
 OpMoments transients_in_uniform_neighbourhood(const std::vector<OpShape>& ops, size_t i, OpChoice c,
-                                              int world, int prefetch, int64_t accum) {
+                                              int world, int prefetch, int64_t accum, const Precision& prec) {
   // Only neighbours reach op i: the prefetcher's window of K+1 gathers and the two reductions in flight, a
   // few ops either side (the window is wider than that reach).
   const size_t reach = static_cast<size_t>(std::max(0, prefetch)) + 4;
@@ -295,7 +321,7 @@ OpMoments transients_in_uniform_neighbourhood(const std::vector<OpShape>& ops, s
     plan.push_back(OpChoice{c.strategy, split ? c.splits : 1});
   }
   plan[i - lo] = c;
-  return simulate_transients(window, plan, world, prefetch, accum).ops[i - lo];
+  return simulate_transients(window, plan, world, prefetch, accum, prec).ops[i - lo];
 }
 
 PeakBreakdown peak_of(int64_t persistent, int64_t optimizer_scratch, const ActivationMoments& a,
@@ -320,7 +346,8 @@ PeakBreakdown peak_of(int64_t persistent, int64_t optimizer_scratch, const Activ
 
 MemoryEstimate estimate_memory(const std::vector<OpShape>& ops,
                                const std::map<std::string, OpChoice>& choices, int world, int prefetch,
-                               int optim_states, int64_t accum, const ActivationProfile& act) {
+                               int optim_states, int64_t accum, const ActivationProfile& act,
+                               const Precision& prec) {
   MemoryEstimate est;
   std::vector<OpChoice> plan;
   int64_t scratch = 0;
@@ -331,14 +358,14 @@ MemoryEstimate estimate_memory(const std::vector<OpShape>& ops,
     auto it = act.op_bytes.find(op.name);
     m.activation_bytes = it == act.op_bytes.end() ? 0 : it->second;
     for (int64_t n : op.param_numels) m.params += n;
-    const ChoiceMemory cm = choice_memory(op.param_numels, m.choice, world, optim_states);
+    const ChoiceMemory cm = choice_memory(op.param_numels, m.choice, world, optim_states, prec);
     m.param_bytes = cm.param_bytes, m.grad_bytes = cm.grad_bytes, m.optim_bytes = cm.optim_bytes;
     est.persistent += m.persistent();
     scratch = std::max(scratch, cm.optimizer_scratch_bytes);
     plan.push_back(m.choice);
     est.ops.push_back(m);
   }
-  const TransientMoments t = simulate_transients(ops, plan, world, prefetch, accum);
+  const TransientMoments t = simulate_transients(ops, plan, world, prefetch, accum, prec);
   for (size_t i = 0; i < ops.size(); ++i) est.ops[i].transient_bytes = t.ops[i].most();
   est.peak = peak_of(est.persistent, scratch, activation_moments(act, ops), t, ops);
   return est;

@@ -45,8 +45,17 @@ Plan parse_plan(const std::string& text, const std::string& path) {
     throw UsageError("--plan " + path +
                      ": expected {\"ops\": {\"<op or glob>\": {\"strategy\": ..., \"splits\": ...}}}");
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (it.key() != "ops" && it.key() != "world" && it.key() != "micro_batch" && it.key() != "predicted")
+    if (it.key() != "ops" && it.key() != "world" && it.key() != "micro_batch" && it.key() != "predicted" &&
+        it.key() != "precision" && it.key() != "reduce_dtype")
       throw UsageError("--plan " + path + ": unknown field '" + it.key() + "'");
+  for (const char* key : {"precision", "reduce_dtype"}) {
+    if (!j.contains(key)) continue;
+    const std::string what = "--plan " + path + ": " + key;
+    if (!j.at(key).is_string()) throw UsageError(what + " must be a string (fp32 or bf16)");
+    (std::string(key) == "precision" ? plan.precision.compute : plan.precision.reduce) =
+        parse_float_type(j.at(key).get<std::string>(), what);
+    plan.has_precision = true;
+  }
   if (j.contains("world"))
     plan.world = static_cast<int>(json_integer(j.at("world"), "--plan " + path + ": world", 1, 1 << 20));
   if (j.contains("micro_batch"))

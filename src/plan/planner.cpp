@@ -24,6 +24,10 @@ Plan plan_of(const RunSpec& spec) {
   if (plan.world != 0 && plan.world != spec.world())
     throw UsageError("--plan " + spec.plan_file + ": made for " + std::to_string(plan.world) +
                      " ranks, this run has " + std::to_string(spec.world()));
+  if (plan.has_precision && plan.precision != spec.cost.precision)
+    throw UsageError("--plan " + spec.plan_file + ": made for precision " + plan.precision.name() +
+                     ", this run is " + spec.cost.precision.name() + " (give --precision/--reduce-dtype " +
+                     "to match, or plan again)");
   return plan;
 }
 
@@ -45,9 +49,10 @@ MemoryEstimate estimate_for(const RunSpec& spec, ActivationProfile* probe_cache)
   const auto choices = resolve_plan(plan, ops);
   ActivationProfile local;
   ActivationProfile& act = probe_cache ? *probe_cache : local;
-  if (act.micro_batch != micro) act = probe_activations(spec.model, micro, spec.seed);
+  if (act.micro_batch != micro)
+    act = probe_activations(spec.model, micro, spec.seed, spec.cost.precision.compute);
   return estimate_memory(ops, choices, spec.world(), spec.cost.prefetch, spec.cost.optim_states,
-                         per_rank_batch(spec) / micro, act);
+                         per_rank_batch(spec) / micro, act, spec.cost.precision);
 }
 
 CostModel cost_model_for(const RunSpec& spec, const CostSource& source) {

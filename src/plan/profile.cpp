@@ -66,6 +66,7 @@ CollectiveFit fit(const std::vector<std::pair<double, double>>& pts) {
 // Per-op forward/backward time (the span since the previous op ended) and activation bytes at micro-batch b.
 void profile_compute(const ModelConfig& cfg, int64_t b, const ProfileOptions& o, uint64_t seed, Profile& p) {
   auto model = build_model(cfg, seed);
+  for (ShardedParam* q : model->params().all()) q->shard(Strategy::ddp, 0, 1, o.precision.compute);
   const auto [x, y] = random_inputs(cfg, b, seed);
   std::map<std::string, std::vector<double>> fwd, bwd;
   std::vector<double> loss_fwd, loss_bwd;
@@ -98,7 +99,7 @@ void profile_compute(const ModelConfig& cfg, int64_t b, const ProfileOptions& o,
     throw;
   }
   set_op_observer(nullptr);
-  const ActivationProfile act = probe_activations(cfg, b, seed);
+  const ActivationProfile act = probe_activations(cfg, b, seed, o.precision.compute);
   for (OpProfile& op : p.ops) {
     op.fwd_ms[b] = median(fwd[op.name]);
     op.bwd_ms[b] = median(bwd[op.name]);
@@ -186,6 +187,7 @@ double measure_optimizer_ns_per_element() {
 // The model's step time with one strategy everywhere, at micro-batch b (one micro-batch per rank).
 double uniform_step_ms(const Profile& p, Strategy s, int64_t b) {
   CostOptions cost_opts;
+  cost_opts.precision = p.precision;
   cost_opts.world = p.world;
   cost_opts.global_batch = b * p.world;
   std::map<std::string, OpChoice> choices;
@@ -223,6 +225,7 @@ Profile measure_profile(const ModelConfig& model, const std::vector<int64_t>& mi
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   p.date = date;
   p.model = model;
+  p.precision = o.precision;
   p.micro_batches = micro_batches;
   p.ops = unmeasured(op_shapes(model));
   // Compute: every rank runs it at the same time, so the figures include the contention training will see.
@@ -294,28 +297,31 @@ nlohmann::json profile_to_json(const Profile& p) {
                {"beta_ms_per_byte", f.beta_ms_per_byte},
                {"residual", f.residual},
                {"points", f.points}};
-  return {{"format", "slimshard.profile"},
-          {"version", kProfileVersion},
-          {"machine", p.machine},
-          {"world", p.world},
-          {"threads", p.threads},
-          {"libtorch", p.libtorch},
-          {"date", p.date},
-          {"model", p.model.to_json()},
-          {"micro_batches", p.micro_batches},
-          {"ops", ops},
-          {"loss",
-           {{"fwd_ms", by_b(p.loss_fwd_ms)},
-            {"bwd_ms", by_b(p.loss_bwd_ms)},
-            {"act_bytes", by_b(p.loss_act_bytes)},
-            {"peak_bytes", by_b(p.loss_peak_bytes)}}},
-          {"backward_extra_bytes", by_b(p.backward_extra_bytes)},
-          {"collectives", coll},
-          {"overlap_slowdown", p.overlap_slowdown},
-          {"collective_overhead_ms", p.collective_overhead_ms},
-          {"strategy_residual_ms", p.strategy_residual_ms},
-          {"measured_steps", p.measured_steps},
-          {"optimizer_ns_per_element", p.optimizer_ns_per_element}};
+  return {
+      {"format", "slimshard.profile"},
+      {"version", kProfileVersion},
+      {"machine", p.machine},
+      {"world", p.world},
+      {"threads", p.threads},
+      {"libtorch", p.libtorch},
+      {"date", p.date},
+      {"model", p.model.to_json()},
+      {"precision",
+       {{"compute", float_type_name(p.precision.compute)}, {"reduce", float_type_name(p.precision.reduce)}}},
+      {"micro_batches", p.micro_batches},
+      {"ops", ops},
+      {"loss",
+       {{"fwd_ms", by_b(p.loss_fwd_ms)},
+        {"bwd_ms", by_b(p.loss_bwd_ms)},
+        {"act_bytes", by_b(p.loss_act_bytes)},
+        {"peak_bytes", by_b(p.loss_peak_bytes)}}},
+      {"backward_extra_bytes", by_b(p.backward_extra_bytes)},
+      {"collectives", coll},
+      {"overlap_slowdown", p.overlap_slowdown},
+      {"collective_overhead_ms", p.collective_overhead_ms},
+      {"strategy_residual_ms", p.strategy_residual_ms},
+      {"measured_steps", p.measured_steps},
+      {"optimizer_ns_per_element", p.optimizer_ns_per_element}};
 }
 
 Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
@@ -335,6 +341,14 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
     p.libtorch = j.at("libtorch").get<std::string>();
     p.date = j.value("date", "");
     p.model = ModelConfig::from_json(j.at("model"), what + ": model");
+    if (j.contains("precision")) {  // absent in profiles taken before mixed precision: fp32
+      const auto& prec = j.at("precision");
+      if (!prec.is_object()) throw bad("precision", "expected {\"compute\": ..., \"reduce\": ...}");
+      p.precision.compute =
+          parse_float_type(prec.at("compute").get<std::string>(), what + ": precision.compute");
+      p.precision.reduce =
+          parse_float_type(prec.at("reduce").get<std::string>(), what + ": precision.reduce");
+    }
     const auto& sizes = j.at("micro_batches");
     if (!sizes.is_array() || sizes.empty() || sizes.size() > 64)
       throw bad("micro_batches", "expected 1 to 64 sizes");

@@ -177,12 +177,14 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
           break;
         }
       plan.push_back(OpChoice{Strategy::zero3, k});
-      const ChoiceMemory cm = choice_memory(op.param_numels, plan.back(), w, m.options().optim_states);
+      const ChoiceMemory cm =
+          choice_memory(op.param_numels, plan.back(), w, m.options().optim_states, m.options().precision);
       persistent += cm.persistent(), scratch = std::max(scratch, cm.optimizer_scratch_bytes);
     }
     const int64_t peak =
         peak_of(persistent, scratch, act,
-                simulate_transients(shapes, plan, w, m.options().prefetch, best.accum), shapes)
+                simulate_transients(shapes, plan, w, m.options().prefetch, best.accum, m.options().precision),
+                shapes)
             .peak;
     if (peak <= o.mem_limit) {
       msg += "; with " + std::to_string(w) + " ranks zero3 would need about " + mib(peak);
@@ -280,6 +282,8 @@ nlohmann::ordered_json plan_to_json(const CostModel& m, const SearchResult& r) {
   nlohmann::ordered_json j;
   j["world"] = m.options().world;
   j["micro_batch"] = r.cost.micro_batch;
+  j["precision"] = float_type_name(m.options().precision.compute);
+  j["reduce_dtype"] = float_type_name(m.options().precision.reduce);
   nlohmann::ordered_json ops = nlohmann::ordered_json::object();
   for (const OpProfile& op : m.ops()) {
     const std::string& name = op.name;

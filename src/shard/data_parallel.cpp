@@ -14,14 +14,14 @@ namespace slimshard {
 
 DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params,
                            const std::vector<Strategy>& strategies, const Options& o)
-    : comm_(comm), params_(std::move(params)) {
+    : comm_(comm), reduce_(o.precision.reduce), params_(std::move(params)) {
   if (strategies.size() != params_.size()) throw std::logic_error("DataParallel: one strategy per param");
   // Rank 0's initial weights, everywhere; then each rank keeps what its strategy says.
   std::vector<WorkPtr> works;
   for (ShardedParam* p : params_) works.push_back(comm_.broadcast(p->master(), 0));
   for (auto& w : works) w->wait();
   for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i]->shard(strategies[i], comm_.rank(), comm_.world());
+    params_[i]->shard(strategies[i], comm_.rank(), comm_.world(), o.precision.compute);
     if (is_sharded(strategies[i])) any_sharded_ = true;
     if (gathers_on_use(strategies[i])) {
       if (!prefetcher_) prefetcher_ = std::make_unique<Prefetcher>(comm_, o.prefetch);
@@ -46,6 +46,8 @@ DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params
     for (ShardedParam* p : g) n += p->numel();
     Bucket bucket;
     bucket.flat = at::zeros({n}, g.front()->master().options());
+    if (narrow_wire(bucket.flat) && comm_.world() > 1)
+      bucket.wire = at::empty({n}, bucket.flat.options().dtype(reduce_));
     int64_t off = 0;
     for (ShardedParam* p : g) {
       p->set_grad_storage(bucket.flat.slice(0, off, off + p->numel()));
@@ -83,7 +85,13 @@ void DataParallel::on_grad_ready(ShardedParam& p) {
       p.grad().copy_(full);
       return;
     }
-    if (micro_count_ == 1) {
+    if (narrow_wire(full)) {  // rounded once for the trip; the fp32 gradient is freed now
+      at::Tensor wire = full.to(reduce_);
+      full.reset();
+      at::Tensor part = at::empty({p.shard_numel()}, wire.options()), owned = p.grad();
+      scatters_.push_back(
+          comm_.reduce_scatter(part, wire, ReduceOp::avg, [owned, part]() mutable { owned.add_(part); }));
+    } else if (micro_count_ == 1) {
       scatters_.push_back(comm_.reduce_scatter(p.grad(), full, ReduceOp::avg));
     } else {
       at::Tensor part = at::empty({p.shard_numel()}, full.options()), owned = p.grad();
@@ -104,7 +112,14 @@ void DataParallel::on_grad_ready(ShardedParam& p) {
                            " produced its gradient twice in one backward; shared weights are not supported");
   done = true;
   if (s == Strategy::zero1) {
-    scatters_.push_back(comm_.reduce_scatter(p.grad(), p.full_grad_flat(), ReduceOp::avg));
+    if (narrow_wire(p.full_grad_flat())) {
+      at::Tensor wire = p.full_grad_flat().to(reduce_);
+      at::Tensor part = at::empty({p.shard_numel()}, wire.options()), owned = p.grad();
+      scatters_.push_back(
+          comm_.reduce_scatter(part, wire, ReduceOp::avg, [owned, part]() mutable { owned.copy_(part); }));
+    } else {
+      scatters_.push_back(comm_.reduce_scatter(p.grad(), p.full_grad_flat(), ReduceOp::avg));
+    }
     return;
   }
   Bucket& b = buckets_[static_cast<size_t>(bucket_of_.at(&p))];
@@ -115,7 +130,8 @@ void DataParallel::on_grad_ready(ShardedParam& p) {
 void DataParallel::launch_ready_buckets() {
   while (next_launch_ < num_buckets() && buckets_[static_cast<size_t>(next_launch_)].pending == 0) {
     Bucket& b = buckets_[static_cast<size_t>(next_launch_++)];
-    b.work = comm_.all_reduce(b.flat, ReduceOp::avg);
+    if (b.wire.defined()) b.wire.copy_(b.flat);
+    b.work = comm_.all_reduce(b.wire.defined() ? b.wire : b.flat, ReduceOp::avg);
   }
 }
 
@@ -129,8 +145,10 @@ void DataParallel::end_backward(bool last) {
     // Gradients a step did not produce (unused params) are zero; their buckets still go, in order.
     for (auto& b : buckets_) b.pending = 0;
     launch_ready_buckets();
-    for (auto& b : buckets_)
+    for (auto& b : buckets_) {
       if (b.work) b.work->wait();
+      if (b.work && b.wire.defined()) b.flat.copy_(b.wire);
+    }
   }
   while (!scatters_.empty()) scatters_.front()->wait(), scatters_.pop_front();
 }
@@ -150,8 +168,11 @@ double DataParallel::grad_sq_sum() {
 
 void DataParallel::after_optimizer_step() {
   std::vector<WorkPtr> works;
-  for (ShardedParam* p : params_)
-    if (gathers_after_step(p->strategy())) works.push_back(comm_.all_gather(p->flat_param(), p->master()));
+  for (ShardedParam* p : params_) {
+    p->refresh_working();
+    if (gathers_after_step(p->strategy()))
+      works.push_back(comm_.all_gather(p->flat_param(), p->owned_working()));
+  }
   for (auto& w : works) w->wait();
 }
 
@@ -163,8 +184,9 @@ DataParallel::PrefetchStats DataParallel::prefetch_stats() const {
   s.gathers = prefetcher_->gathers();
   for (const ShardedParam* p : params_)
     if (gathers_on_use(p->strategy()))
-      s.largest_buffer_bytes = std::max<int64_t>(
-          s.largest_buffer_bytes, p->padded_numel() * static_cast<int64_t>(p->master().element_size()));
+      s.largest_buffer_bytes =
+          std::max<int64_t>(s.largest_buffer_bytes,
+                            p->padded_numel() * static_cast<int64_t>(p->gather_source().element_size()));
   return s;
 }
 
@@ -175,7 +197,7 @@ void DataParallel::set_prefetch_enabled(bool on) {
 std::vector<std::pair<std::string, at::Tensor>> DataParallel::full_values() {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (ShardedParam* p : params_) {
-    if (!gathers_on_use(p->strategy())) {
+    if (p->has_full_master()) {
       out.emplace_back(p->name(), p->full_value());
       continue;
     }
@@ -189,8 +211,9 @@ std::vector<std::pair<std::string, at::Tensor>> DataParallel::full_values() {
 int64_t DataParallel::replicated_checksum() {
   uint64_t h = kFnvOffset;
   for (ShardedParam* p : params_) {
-    if (gathers_on_use(p->strategy())) continue;  // shards differ by construction
-    const at::Tensor t = p->full_value().contiguous();
+    const at::Tensor v = p->replicated_value();
+    if (!v.defined()) continue;  // zero3: shards differ by construction
+    const at::Tensor t = v.contiguous();
     h = fnv1a_bytes(h, t.data_ptr(), t.nbytes());
   }
   return static_cast<int64_t>(h);

@@ -12,8 +12,8 @@ Prefetcher::Prefetcher(Communicator& comm, int depth) : comm_(comm), depth_(std:
 
 void Prefetcher::issue(size_t key, ShardedParam& p) {
   Gathered g;
-  g.buf = at::empty({p.padded_numel()}, p.master().options());
-  g.work = comm_.all_gather(g.buf, p.master());
+  g.buf = at::empty({p.padded_numel()}, p.gather_source().options());
+  g.work = comm_.all_gather(g.buf, p.gather_source());
   live_[key] = std::move(g);
   max_live_ = std::max(max_live_, static_cast<int>(live_.size()));
   ++gathers_;

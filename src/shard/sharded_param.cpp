@@ -31,6 +31,22 @@ Strategy parse_strategy(const std::string& s, const std::string& what) {
   throw UsageError(what + ": unknown strategy '" + s + "' (expected ddp, zero1, zero2, zero3 or slim)");
 }
 
+std::string Precision::name() const {
+  std::string s = float_type_name(compute);
+  if (reduce != at::kFloat) s += std::string(", ") + float_type_name(reduce) + " reduce";
+  return s;
+}
+
+at::ScalarType parse_float_type(const std::string& s, const std::string& what) {
+  if (s == "fp32") return at::kFloat;
+  if (s == "bf16") return at::kBFloat16;
+  throw UsageError(what + ": unknown precision '" + s + "' (expected fp32 or bf16)");
+}
+
+const char* float_type_name(at::ScalarType t) {
+  return t == at::kBFloat16 ? "bf16" : t == at::kFloat ? "fp32" : t == at::kDouble ? "fp64" : "?";
+}
+
 ShardedParam::ShardedParam(std::string name, const at::Tensor& init, bool decay)
     : name_(std::move(name)), shape_(init.sizes().vec()), numel_(init.numel()), decay_(decay) {
   set_value(init);
@@ -50,17 +66,23 @@ void ShardedParam::set_value(const at::Tensor& full) {
   flat_ = full.to(dtype).contiguous().clone().view({-1});
   full_ = flat_.view(shape_);
   master_ = flat_;
+  compute_ = dtype;
+  work_full_ = work_shard_ = at::Tensor();
   // The gradient is allocated by shard() (or on first use): a model being sharded never holds full gradients.
   grad_flat_ = grad_full_ = grad_ = at::Tensor();
   padded_ = shard_numel_ = numel_;
   shard_offset_ = 0;
 }
 
-void ShardedParam::shard(Strategy s, int rank, int world) {
+void ShardedParam::shard(Strategy s, int rank, int world, at::ScalarType compute) {
   at::NoGradGuard no_grad;
   strategy_ = s;
+  // Tests run ops in fp64: a param whose master is not fp32 computes in its own dtype.
+  compute_ = master_.scalar_type() == at::kFloat ? compute : master_.scalar_type();
+  const bool mixed = compute_ != master_.scalar_type();
   if (is_replicated(s)) {
     if (!grad_.defined()) grad_flat_ = grad_ = at::zeros_like(flat_), grad_full_ = grad_flat_.view(shape_);
+    if (mixed) work_full_ = full_.to(compute_);
     return;
   }
   padded_ = slimshard::padded_numel(numel_, world);
@@ -72,20 +94,38 @@ void ShardedParam::shard(Strategy s, int rank, int world) {
   grad_flat_ = grad_full_ = at::Tensor();
   if (gathers_on_use(s)) {
     master_ = padded.slice(0, shard_offset_, shard_offset_ + shard_numel_).clone();
+    if (mixed) work_shard_ = master_.to(compute_);
     flat_ = full_ = at::Tensor();
     return;
   }
-  flat_ = padded;
+  if (mixed) {  // the fp32 master is the shard alone; the full param is the working copy
+    master_ = padded.slice(0, shard_offset_, shard_offset_ + shard_numel_).clone();
+    flat_ = padded.to(compute_);
+  } else {
+    flat_ = padded;
+    master_ = flat_.slice(0, shard_offset_, shard_offset_ + shard_numel_);
+  }
   full_ = flat_.slice(0, 0, numel_).view(shape_);
-  master_ = flat_.slice(0, shard_offset_, shard_offset_ + shard_numel_);
   if (s == Strategy::zero1) {
-    grad_flat_ = at::zeros({padded_}, flat_.options());
+    grad_flat_ = at::zeros({padded_}, master_.options());
     grad_full_ = grad_flat_.slice(0, 0, numel_).view(shape_);
   }
 }
 
+void ShardedParam::refresh_working() {
+  at::NoGradGuard no_grad;
+  if (work_full_.defined()) work_full_.copy_(full_);
+  if (work_shard_.defined()) work_shard_.copy_(master_);
+  if (gathers_after_step(strategy_) && mixed()) owned_working().copy_(master_);
+}
+
+at::Tensor ShardedParam::replicated_value() const {
+  if (is_replicated(strategy_) || gathers_after_step(strategy_)) return full_;
+  return at::Tensor();
+}
+
 at::Tensor ShardedParam::materialize() {
-  if (!gathers_on_use(strategy_)) return full_;
+  if (!gathers_on_use(strategy_)) return work_full_.defined() ? work_full_ : full_;
   if (!gatherer_) throw std::logic_error("zero3 param " + name_ + " has no gatherer");
   at::Tensor buf = gatherer_->acquire(*this);
   return buf.slice(0, 0, numel_).view(shape_);
@@ -122,8 +162,8 @@ void ShardedParam::zero_grad() {
 }
 
 at::Tensor ShardedParam::full_value() {
-  if (gathers_on_use(strategy_))
-    throw std::logic_error("full_value of zero3 param " + name_ + " needs a gather");
+  if (!has_full_master())
+    throw std::logic_error("full_value of sharded param " + name_ + " needs a gather of the masters");
   return full_.clone();
 }
 
@@ -141,11 +181,14 @@ void ShardedParam::set_value_storage(const at::Tensor& flat) {
   flat.copy_(flat_);
   master_ = flat_ = flat;
   full_ = flat.view(shape_);
+  refresh_working();
 }
 
 int64_t ShardedParam::resident_bytes() const {
   int64_t bytes = master_.nbytes() + grad_.nbytes();
-  if (gathers_after_step(strategy_)) bytes += flat_.nbytes() - master_.nbytes();
+  if (gathers_after_step(strategy_)) bytes += flat_.nbytes() - (mixed() ? 0 : master_.nbytes());
+  if (work_full_.defined()) bytes += work_full_.nbytes();
+  if (work_shard_.defined()) bytes += work_shard_.nbytes();
   if (strategy_ == Strategy::zero1) bytes += grad_flat_.nbytes();
   for (const auto& kv : optim_state_) bytes += kv.second.nbytes();
   return bytes;

@@ -215,6 +215,8 @@ void SlimSync::full_sync() {
   signal_.add_(avg.abs_());
   last_fraction_ = 1;
   ++rounds_;
+  // Outside a step (before evaluation or a save) nothing else refreshes the bf16 working copies.
+  for (ShardedParam* p : params_) p->refresh_working();
 }
 
 SlimSync::Divergence SlimSync::divergence() {

@@ -14,12 +14,14 @@ namespace slimshard {
 namespace {
 
 // Median ms of `steps` training steps after one warm-up, one strategy everywhere, micro-batch b per rank.
-double time_steps(const ModelConfig& cfg, Strategy s, int64_t b, Communicator& comm, uint64_t seed,
-                  int steps) {
+double time_steps(const ModelConfig& cfg, Strategy s, int64_t b, Communicator& comm, uint64_t seed, int steps,
+                  const Precision& prec) {
   auto model = build_model(cfg, seed);
   const auto [x, y] = random_inputs(cfg, b, seed + static_cast<uint64_t>(comm.rank()));
   const auto params = model->params().all();
-  DataParallel dp(comm, params, std::vector<Strategy>(params.size(), s), DataParallel::Options{});
+  DataParallel::Options dp_opts;
+  dp_opts.precision = prec;
+  DataParallel dp(comm, params, std::vector<Strategy>(params.size(), s), dp_opts);
   Optimizer optim(OptimConfig{});
   optim.init_state(params);
   TrainStep step(comm, *model, dp, optim, nullptr);
@@ -44,11 +46,13 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
   Profile p = measure_profile(model, micro_batches, comm, o, seed);
   MeasuredSteps steps;
   for (int64_t b : micro_batches)
-    steps.ddp_ms[b] = time_steps(model, Strategy::ddp, b, comm, seed, o.repeats);
+    steps.ddp_ms[b] = time_steps(model, Strategy::ddp, b, comm, seed, o.repeats, o.precision);
   if (comm.world() > 1) {
-    steps.zero3_ms = time_steps(model, Strategy::zero3, micro_batches.back(), comm, seed, o.repeats);
+    steps.zero3_ms =
+        time_steps(model, Strategy::zero3, micro_batches.back(), comm, seed, o.repeats, o.precision);
     for (Strategy s : {Strategy::zero1, Strategy::zero2})
-      steps.uniform_ms[strategy_name(s)] = time_steps(model, s, micro_batches.back(), comm, seed, o.repeats);
+      steps.uniform_ms[strategy_name(s)] =
+          time_steps(model, s, micro_batches.back(), comm, seed, o.repeats, o.precision);
   }
   calibrate_profile(p, steps);
   return p;

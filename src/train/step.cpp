@@ -65,8 +65,8 @@ StepResult TrainStep::run(int64_t step, int64_t accum, const std::function<Batch
   }
   {
     memory::PhaseScope phase(memory::Phase::comm);
+    if (slim_) slim_->after_step(step);  // before the working copies are refreshed from the masters
     dp_.after_optimizer_step();
-    if (slim_) slim_->after_step(step);
   }
   loss_work->wait();
   split(r.times.optimizer);

@@ -89,6 +89,7 @@ nlohmann::json summary_json(const TrainSummary& s, const RunStats& stats, const 
                    {"wall_s", s.wall_s},
                    {"params", s.params},
                    {"world", s.world},
+                   {"precision", s.precision},
                    {"phase_peak_bytes", phases},
                    {"prefetch", prefetch},
                    {"phase_ms", phase_ms}};

@@ -194,6 +194,7 @@ Plan Trainer::choose_plan() {
   }
   ProfileOptions profile_opts;
   profile_opts.warmup = 1, profile_opts.repeats = 3, profile_opts.max_collective_bytes = 16 << 20;
+  profile_opts.precision = o_.precision;
   const Profile p = profile_training(o_.model, micro, comm_, profile_opts, o_.seed);
   return plan_for_run(spec, &p, "", comm_, o_.verbose);
 }
@@ -219,7 +220,7 @@ void Trainer::build() {
   memory::PhaseScope phase(memory::Phase::init);
   params_ = model_->params().all();
   dp_ = std::make_unique<DataParallel>(comm_, params_, strategies_,
-                                       DataParallel::Options{o_.bucket_bytes, o_.prefetch});
+                                       DataParallel::Options{o_.bucket_bytes, o_.prefetch, o_.precision});
   std::vector<ShardedParam*> slim_params;
   for (ShardedParam* p : params_)
     if (p->strategy() == Strategy::slim) slim_params.push_back(p);
@@ -314,9 +315,10 @@ void Trainer::print_start() const {
   std::fprintf(
       stderr,
       "training: %lld steps, global batch %lld (%lld ranks x %lld micro-batches of %lld), strategy %s, "
-      "%s lr %g, %d thread(s) per rank, %s communication\n",
+      "%s lr %g, %s, %d thread(s) per rank, %s communication\n",
       (long long)o_.steps, (long long)o_.batch_size, (long long)world_, (long long)accum_, (long long)micro_,
-      o_.strategy.c_str(), o_.optim.name.c_str(), o_.lr, o_.threads, comm_.backend_name().c_str());
+      o_.strategy.c_str(), o_.optim.name.c_str(), o_.lr, o_.precision.name().c_str(), o_.threads,
+      comm_.backend_name().c_str());
   if (o_.verbose) print_buffers();
 }
 
@@ -478,6 +480,7 @@ void Trainer::summarize(TrainSummary& s, const RunStats& stats, int64_t stop, do
   s.first_step = start_step_;
   s.checkpoint = last_ckpt_;
   s.world = world_;
+  s.precision = o_.precision.name();
   s.params = model_->params().numel();
   s.classifier = data_->classification();
   s.wall_s = wall_s;
@@ -542,6 +545,7 @@ RunSpec run_spec(const TrainOptions& o, int world) {
   spec.cost.slim_fraction = o.slim.core + o.slim.explore * (1 - o.slim.core);
   spec.cost.slim_wire_bytes = o.slim.wire_bytes();
   spec.cost.slim_period = o.slim.period;
+  spec.cost.precision = o.precision;
   spec.micro_batch = o.micro_batch;
   spec.mem_limit = o.mem_limit;
   spec.seed = o.seed;
