@@ -15,6 +15,7 @@ packages=(
   python3-torch                      # PyTorch: the export check (tests/export_check.py) and the DDP peer (bench)
   clang libclang-rt-14-dev           # make fuzz: libFuzzer and the sanitizer runtimes for clang
   procps                             # pkill, for the preemption tests
+  iproute2                           # ip, tc: scripts/cluster.sh (hosts as network namespaces)
 )
 
 missing=()

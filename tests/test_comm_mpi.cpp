@@ -1,9 +1,12 @@
-// test_comm_mpi.cpp — the collectives, run under `mpirun -n 2` and `-n 4` (see tests/CMakeLists.txt), with
-// the backend named by SLIMSHARD_TEST_BACKEND (shm or mpi). Every rank draws every rank's input from a seed,
-// so each can compute the expected result sequentially and compare. Odd sizes, fp32, bf16 and fp64, sum and
-// average.
+// test_comm_mpi.cpp — the collectives, run under `mpirun -n 2` and `-n 4` on one host and on clusters of 2
+// hosts (see tests/CMakeLists.txt), with the backend named by SLIMSHARD_TEST_BACKEND (shm, mpi or hier).
+// Every rank draws every rank's input from a seed, so each can compute the expected result sequentially and
+// compare; the reductions are also compared with plain MPI's own (called from this thread: MPI runs
+// multi-threaded). Odd sizes, sizes the world does not divide, fp32, bf16 and fp64, sum and average.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+
+#include <mpi.h>
 
 #include <cstdlib>
 
@@ -40,7 +43,8 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, at::ScalarType 
   EXPECT_LE(err, tolerance(dtype) * std::max(1.0, want.abs().max().item<double>())) << what;
 }
 
-const std::vector<int64_t> kSizes = {1, 7, 1000, 65537, 700001};  // the last spans several staging chunks
+// Odd sizes, none divisible by 4 ranks but 1000; the last spans several staging chunks.
+const std::vector<int64_t> kSizes = {1, 7, 1000, 65537, 700001};
 const std::vector<at::ScalarType> kTypes = {at::kFloat, at::kBFloat16, at::kDouble};
 
 }  // namespace
@@ -120,14 +124,66 @@ TEST(Collectives, ManyOutstandingWorksFinishInOrder) {
     EXPECT_FLOAT_EQ(ts[size_t(i)][0].item<float>(), float(W * (W - 1) / 2 + W * i));
 }
 
+// The reductions against plain MPI's (MPI_Allreduce, MPI_Reduce_scatter_block on MPI_COMM_WORLD): the same
+// sums in another order, so within 1e-6 relative (fp32) and 1e-12 (fp64); all-gathers move bytes, so equal.
+TEST(Collectives, MatchPlainMpi) {
+  const int W = g_comm->world();
+  int salt = 400;
+  for (auto dtype : {at::kFloat, at::kDouble})
+    for (int64_t n : kSizes) {
+      ++salt;
+      const MPI_Datatype type = dtype == at::kFloat ? MPI_FLOAT : MPI_DOUBLE;
+      const double tol = dtype == at::kFloat ? 1e-6 : 1e-12;
+      at::Tensor mine = input(g_comm->rank(), n, dtype, salt), ref = mine.clone();
+      g_comm->all_reduce(mine)->wait();
+      MPI_Allreduce(MPI_IN_PLACE, ref.data_ptr(), static_cast<int>(n), type, MPI_SUM, MPI_COMM_WORLD);
+      const double scale = std::max(1.0, ref.abs().max().item<double>());
+      EXPECT_LE((mine - ref).abs().max().item<double>(), tol * scale) << "all_reduce n=" << n << " " << dtype;
+      at::Tensor in = input(g_comm->rank(), n * W, dtype, salt), out = at::empty({n}, dtype);
+      at::Tensor ref_out = at::empty({n}, dtype);
+      g_comm->reduce_scatter(out, in)->wait();
+      MPI_Reduce_scatter_block(in.data_ptr(), ref_out.data_ptr(), static_cast<int>(n), type, MPI_SUM,
+                               MPI_COMM_WORLD);
+      EXPECT_LE((out - ref_out).abs().max().item<double>(), tol * scale) << "reduce_scatter n=" << n;
+      at::Tensor gathered = at::empty({n * W}, dtype), ref_gathered = at::empty({n * W}, dtype);
+      g_comm->all_gather(gathered, mine)->wait();
+      MPI_Allgather(mine.data_ptr(), static_cast<int>(n), type, ref_gathered.data_ptr(), static_cast<int>(n),
+                    type, MPI_COMM_WORLD);
+      EXPECT_TRUE(at::equal(gathered, ref_gathered)) << "all_gather n=" << n;
+    }
+}
+
+// Bytes per link: a flat ring over W ranks (shm, mpi) — between hosts when this rank's successor is on
+// another host; hierarchical — rings over the R ranks of the host, and over the H hosts on 1/R of the bytes.
 TEST(Collectives, ByteCountersFollowTheRingConvention) {
   const int W = g_comm->world();
-  const int64_t before = g_comm->bytes(Collective::all_reduce);
-  g_comm->all_reduce(at::zeros({1024}))->wait();
-  EXPECT_EQ(g_comm->bytes(Collective::all_reduce) - before, 2 * (W - 1) * 4096 / W);
-  const int64_t ag = g_comm->bytes(Collective::all_gather);
-  g_comm->all_gather(at::empty({1024 * W}), at::zeros({1024}))->wait();
-  EXPECT_EQ(g_comm->bytes(Collective::all_gather) - ag, (W - 1) * 4096);
+  const Topology& t = g_comm->topology();
+  EXPECT_EQ(t.hosts * t.local_size, W);
+  const bool hier = g_comm->backend_name() == "hier";
+  const int R = t.local_size, H = t.hosts;
+  const bool crosses = t.host_of[static_cast<size_t>((g_comm->rank() + 1) % W)] != t.host;
+  const int64_t n = 4096 * R * W;  // bytes of the full tensor; every share below is whole
+  auto delta = [&](Collective c, Link l, const std::function<void()>& f) {
+    const int64_t before = g_comm->bytes(c, l);
+    f();
+    return g_comm->bytes(c, l) - before;
+  };
+  auto reduce = [&] { g_comm->all_reduce(at::zeros({n / 4}))->wait(); };
+  auto gather = [&] { g_comm->all_gather(at::empty({n / 4}), at::zeros({n / 4 / W}))->wait(); };
+  if (hier) {
+    EXPECT_EQ(delta(Collective::all_reduce, Link::intra, reduce), 2 * (R - 1) * n / R);
+    EXPECT_EQ(delta(Collective::all_reduce, Link::inter, reduce), 2 * (H - 1) * (n / R) / H);
+    EXPECT_EQ(delta(Collective::all_gather, Link::intra, gather), (R - 1) * n / R);
+    EXPECT_EQ(delta(Collective::all_gather, Link::inter, gather), (H - 1) * (n / R) / H);
+  } else {
+    EXPECT_EQ(delta(Collective::all_reduce, crosses ? Link::inter : Link::intra, reduce),
+              2 * (W - 1) * n / W);
+    EXPECT_EQ(delta(Collective::all_reduce, crosses ? Link::intra : Link::inter, reduce), 0);
+    EXPECT_EQ(delta(Collective::all_gather, crosses ? Link::inter : Link::intra, gather), (W - 1) * n / W);
+  }
+  if (H == 1) {
+    EXPECT_EQ(g_comm->total_bytes(Link::inter), 0);
+  }
 }
 
 int main(int argc, char** argv) {
@@ -145,7 +201,8 @@ int main(int argc, char** argv) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
   } else {
-    std::printf("collectives on %d ranks, %s backend\n", comm->world(), comm->backend_name().c_str());
+    std::printf("collectives on %d ranks, %d host(s), %s backend\n", comm->world(), comm->topology().hosts,
+                comm->backend_name().c_str());
   }
   int rc = RUN_ALL_TESTS();
   comm.reset();

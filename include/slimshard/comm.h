@@ -1,10 +1,12 @@
 // comm.h — the Communicator: collectives over MPI run by exactly one background thread. Callers enqueue a
 // collective on contiguous CPU tensors and get a Work handle (wait, done), as in PyTorch's c10d; every rank
-// issues collectives in the same order, so there are no deadlocks. On one node the collectives go through an
-// MPI-3 shared-memory window (ranks reduce and gather directly in shared memory); across nodes, plain MPI
-// collectives. Bytes are counted per kind. A watchdog turns a collective that does not finish within the
+// issues collectives in the same order, so there are no deadlocks. On one host the collectives go through an
+// MPI-3 shared-memory window (ranks reduce and gather directly in shared memory); across hosts they run
+// hierarchically (within each host through the window, between hosts only among the ranks of the same local
+// index, so every host link carries 1/R of the data), or as plain MPI collectives. Bytes are counted per kind
+// and per link (within a host, between hosts). A watchdog turns a collective that does not finish within the
 // timeout into an error on every rank that can still report, naming the collective, the step and, when known,
-// the rank waited on.
+// the rank and host waited on.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -13,12 +15,28 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace slimshard {
 
 enum class Collective { all_reduce = 0, all_gather, reduce_scatter, broadcast, barrier, count };
 const char* collective_name(Collective c);
 enum class ReduceOp { sum, avg };
+// Where bytes travel: between ranks of one host (shared memory), or between hosts (the network).
+enum class Link { intra = 0, inter, count };
+const char* link_name(Link l);
+
+// Where the ranks run: hosts as MPI sees them (ranks that can share memory: MPI_Comm_split_type SHARED),
+// numbered by their lowest rank; this rank's host and its index among the host's ranks.
+struct Topology {
+  int hosts = 1, host = 0;
+  int local_rank = 0, local_size = 1;
+  bool uniform = true;                  // every host runs the same number of ranks
+  std::vector<int> host_of;             // per rank
+  std::vector<std::string> host_names;  // per host (MPI_Get_processor_name)
+  // The rank with local index `r` on host `h` (uniform topologies).
+  int rank_at(int h, int r) const;
+};
 
 // Handle of one enqueued collective.
 class Work {
@@ -35,7 +53,8 @@ constexpr double kMaxTimeoutS = 1e6;
 struct CommOptions {
   double timeout_s = 300;        // watchdog, at most kMaxTimeoutS
   int64_t shm_bytes = 16 << 20;  // shared-memory staging per rank (two halves, used alternately)
-  std::string backend = "auto";  // auto | shm | mpi
+  // auto: shm on one host, hier across hosts (plain mpi where hosts run different numbers of ranks)
+  std::string backend = "auto";  // auto | shm | mpi | hier
 };
 
 class Communicator {
@@ -49,25 +68,39 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int world() const = 0;
   virtual std::string backend_name() const = 0;
+  const Topology& topology() const { return topo_; }
   // Staging memory the backend holds outside LibTorch (the shared-memory window), sized once at start.
   virtual int64_t staging_bytes() const { return 0; }
 
   // In place: t = reduce over ranks of t.
   virtual WorkPtr all_reduce(at::Tensor t, ReduceOp op = ReduceOp::sum) = 0;
   // out (world × in.numel()) = concatenation of every rank's `in`, in rank order. `in` may be this rank's
-  // slot of `out` (in place).
-  virtual WorkPtr all_gather(at::Tensor out, at::Tensor in) = 0;
+  // slot of `out` (in place). `then` runs on the comm thread once the result is in `out`.
+  virtual WorkPtr all_gather(at::Tensor out, at::Tensor in, std::function<void()> then = {}) = 0;
   // out (in.numel() / world) = this rank's slice of the reduction of every rank's `in`. `then` runs on the
   // comm thread once the result is in `out`, before the Work completes (e.g. to accumulate it somewhere).
   virtual WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op = ReduceOp::sum,
                                  std::function<void()> then = {}) = 0;
+  // Several tensors of one dtype in one collective (Horovod's tensor fusion; c10d's *_coalesced): packed
+  // into one buffer, one collective, unpacked on the comm thread — so that small tensors cross the network
+  // once, not one message each. outs[i] and ins[i] as in all_gather / reduce_scatter.
+  WorkPtr all_gather_coalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins);
+  WorkPtr reduce_scatter_coalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins,
+                                   ReduceOp op = ReduceOp::sum, std::function<void()> then = {});
   virtual WorkPtr broadcast(at::Tensor t, int root) = 0;
   virtual WorkPtr barrier() = 0;
 
   // Bytes this rank sends for each kind under the bandwidth-optimal (ring) algorithm: all-reduce 2(W-1)/W·n,
-  // all-gather and reduce-scatter (W-1)/W·n of the full tensor, broadcast n at the root. Zero at world 1.
-  int64_t bytes(Collective c) const { return bytes_[static_cast<int>(c)].load(); }
-  int64_t total_bytes() const;
+  // all-gather and reduce-scatter (W-1)/W·n of the full tensor, broadcast n. Zero at world 1. Per link: a
+  // flat ring's bytes are inter-host when this rank's successor in the ring is on another host; the
+  // hierarchical algorithm's are the rings over the R ranks of the host (twice for all-reduce) and over the H
+  // hosts on 1/R of the tensor.
+  int64_t bytes(Collective c) const { return bytes(c, Link::intra) + bytes(c, Link::inter); }
+  int64_t bytes(Collective c, Link l) const {
+    return bytes_[static_cast<int>(l)][static_cast<int>(c)].load();
+  }
+  int64_t total_bytes() const { return total_bytes(Link::intra) + total_bytes(Link::inter); }
+  int64_t total_bytes(Link l) const;
   int64_t calls(Collective c) const { return calls_[static_cast<int>(c)].load(); }
   // The training step, for watchdog messages.
   void set_step(int64_t step) { step_.store(step); }
@@ -77,11 +110,13 @@ class Communicator {
   [[noreturn]] virtual void abort(const std::string& msg, int code) = 0;
 
  protected:
-  void count(Collective c, int64_t bytes) {
-    bytes_[static_cast<int>(c)] += bytes;
+  void count(Collective c, int64_t intra, int64_t inter) {
+    bytes_[0][static_cast<int>(c)] += intra;
+    bytes_[1][static_cast<int>(c)] += inter;
     calls_[static_cast<int>(c)] += 1;
   }
-  std::atomic<int64_t> bytes_[static_cast<int>(Collective::count)] = {};
+  Topology topo_;
+  std::atomic<int64_t> bytes_[2][static_cast<int>(Collective::count)] = {};
   std::atomic<int64_t> calls_[static_cast<int>(Collective::count)] = {};
   std::atomic<int64_t> step_{-1};
 };

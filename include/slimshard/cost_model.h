@@ -68,6 +68,8 @@ struct CostOptions {
   // Working copies gathered in precision.compute, gradients reduced in precision.reduce; a profile taken in
   // another precision is refused.
   Precision precision;
+  // Small sharded params fused per block (DataParallel::Options::fuse_bytes), for the memory simulation.
+  int64_t fuse_bytes = 256 << 10;
 };
 
 class CostModel {

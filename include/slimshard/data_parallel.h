@@ -25,6 +25,8 @@ class Prefetcher;
 //   zero1 the full gradient accumulates over micro-batches and is reduce-scattered on the last one.
 //   zero2/zero3 each micro-batch's gradient is reduce-scattered as soon as it exists and then freed.
 //   zero1/zero2 updated shards are all-gathered in place after the optimizer step; zero3 gathers on use.
+//   Small sharded params (Options::fuse_bytes) go together per block and strategy: their reduce-scatter
+//   when the last of them has its gradient, their gathers in one collective (fusion_groups()).
 class DataParallel {
  public:
   struct Options {
@@ -33,6 +35,9 @@ class DataParallel {
     // Working copies in precision.compute; gradients reduced in precision.reduce (a bf16 wire: each
     // gradient rounded once for the trip, the result added to the fp32 gradient).
     Precision precision;
+    // Sharded params of at most this many bytes (fp32) are gathered and reduced together with the other small
+    // params of their block and strategy (one collective per block, not one per bias); 0 = never.
+    int64_t fuse_bytes = 256 << 10;
   };
   // Params must not have been sharded yet; their strategies are given here (same order as `params`).
   DataParallel(Communicator& comm, std::vector<ShardedParam*> params, const std::vector<Strategy>& strategies,
@@ -59,6 +64,8 @@ class DataParallel {
   int64_t replicated_checksum();
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // The fused groups: the small sharded params of one block and strategy, in creation order.
+  const std::vector<std::vector<ShardedParam*>>& fusion_groups() const { return groups_; }
   // zero3's gathers: depth, the most gathered buffers live at once, gathers issued, and the largest buffer.
   struct PrefetchStats {
     int depth = 0, max_live = 0;
@@ -75,6 +82,8 @@ class DataParallel {
     std::shared_ptr<Work> work;
   };
   void on_grad_ready(ShardedParam& p);
+  // A fused group's gradients of this micro-batch (all it will get): one reduce-scatter.
+  void flush_group(size_t g);
   // Whether gradient `g` travels in a narrower dtype than it is accumulated in.
   bool narrow_wire(const at::Tensor& g) const {
     return reduce_ == at::kBFloat16 && g.scalar_type() == at::kFloat;
@@ -87,6 +96,9 @@ class DataParallel {
   std::vector<Bucket> buckets_;
   std::map<const ShardedParam*, int> bucket_of_;
   std::map<const ShardedParam*, bool> produced_;
+  std::vector<std::vector<ShardedParam*>> groups_;
+  std::map<const ShardedParam*, size_t> group_of_;
+  std::vector<std::vector<std::pair<ShardedParam*, at::Tensor>>> pending_;  // per group: (param, full grad)
   std::unique_ptr<Prefetcher> prefetcher_;
   std::deque<std::shared_ptr<Work>> scatters_;  // zero reduce-scatters in flight, oldest first
   int64_t micro_index_ = 0, micro_count_ = 1;

@@ -71,13 +71,14 @@ struct TransientMoments {
   int64_t after_forward = 0;   // while the loss runs
 };
 TransientMoments simulate_transients(const std::vector<OpShape>& ops, const std::vector<OpChoice>& choices,
-                                     int world, int prefetch, int64_t accum, const Precision& prec = {});
+                                     int world, int prefetch, int64_t accum, const Precision& prec = {},
+                                     int64_t fuse_bytes = 0);
 // What the search charges op `i` under `c`: its moments when every other op takes c's strategy (and its
 // splits where it is a linear op they divide) — exact for such uniform plans, the neighbours' own moments
 // covering most of what differs in others (the search checks its result with simulate_transients).
 OpMoments transients_in_uniform_neighbourhood(const std::vector<OpShape>& ops, size_t i, OpChoice c,
                                               int world, int prefetch, int64_t accum,
-                                              const Precision& prec = {});
+                                              const Precision& prec = {}, int64_t fuse_bytes = 0);
 
 // The peak of a plan and the moment it falls at.
 struct PeakBreakdown {
@@ -108,7 +109,7 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const std::vector<OpShape>& ops,
                                const std::map<std::string, OpChoice>& choices, int world, int prefetch,
                                int optim_states, int64_t accum, const ActivationProfile& act,
-                               const Precision& prec = {});
+                               const Precision& prec = {}, int64_t fuse_bytes = 0);
 // The per-op table and the totals, as `slimshard memory` prints them; and as JSON.
 void print_memory_estimate(const MemoryEstimate& est);
 nlohmann::json memory_estimate_json(const MemoryEstimate& est, int world);

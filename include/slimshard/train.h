@@ -47,8 +47,9 @@ struct TrainOptions {
   int64_t bucket_bytes = 25 << 20;  // DDP gradient bucket size
   // bf16: forward and backward on bf16 working copies of fp32 masters; gradients reduced in precision.reduce
   Precision precision;
-  SlimOptions slim;         // for ops whose strategy is slim
-  bool allow_slim = false;  // osdp: the search may choose slim for replicated ops
+  int64_t fuse_bytes = 256 << 10;  // sharded params up to this size are gathered/reduced per block together
+  SlimOptions slim;                // for ops whose strategy is slim
+  bool allow_slim = false;         // osdp: the search may choose slim for replicated ops
   // Checkpoints: every save_every steps (0 = only at the end and on exit-after) into ckpt_dir, keeping the
   // newest keep_last; resume from the newest complete checkpoint under `resume`.
   std::string ckpt_dir;
@@ -79,7 +80,10 @@ struct TrainSummary {
   double wall_s = 0;
   int64_t comm_bytes = 0;          // sent by this rank over the run
   double comm_bytes_per_step = 0;  // median over training steps
-  bool weights_identical = true;   // checksum of the final weights equal on every rank
+  int64_t comm_bytes_inter = 0;    // ... of which between hosts
+  double comm_bytes_inter_per_step = 0;
+  int hosts = 1;
+  bool weights_identical = true;  // checksum of the final weights equal on every rank
   int64_t weights_checksum = 0;
   int64_t slim_rounds = 0, slim_digest = 0;
   bool slim_selection_identical = true;

@@ -40,11 +40,13 @@ Runner add_memory(CLI::App& app) {
       ->check(CLI::IsMember({"adamw", "sgd"}));
   sub->add_option("--seed", train.seed, "seed")->capture_default_str()->check(seed_value());
   add_precision_flags(sub, flags->t);
+  add_fuse_flag(sub, flags->t);
   sub->add_option("--json", flags->json, "also write the estimate as JSON");
   return [flags]() {
     TrainOptions train = flags->t.train;
     train.model = model_from_flags(flags->t);
     train.precision = precision_from_flags(flags->t);
+    train.fuse_bytes = static_cast<int64_t>(flags->t.fuse_kib * 1024);
     if (!flags->json.empty()) check_output_file(flags->json, "--json");
     const MemoryEstimate est = estimate_for(run_spec(train, flags->world));
     std::printf("%s on %d rank(s), %s, %s, per rank:\n", train.model.describe().c_str(), flags->world,

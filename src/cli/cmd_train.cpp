@@ -81,6 +81,15 @@ Precision precision_from_flags(const TrainFlags& flags) {
                    parse_float_type(flags.reduce_dtype, "--reduce-dtype")};
 }
 
+void add_fuse_flag(CLI::App* sub, TrainFlags& flags) {
+  sub->add_option(
+         "--fuse-kib", flags.fuse_kib,
+         "sharded params up to this size are gathered and reduced together per block, one collective "
+         "each (0 = one collective per param)")
+      ->capture_default_str()
+      ->check(real(0, 1 << 20));
+}
+
 void add_slim_flags(CLI::App* sub, SlimOptions& slim) {
   sub->add_option("--slim-period", slim.period, "Slim-DP: steps per communication round (tau)")
       ->capture_default_str()
@@ -216,6 +225,7 @@ void add_train_flags(CLI::App* sub, TrainFlags& flags) {
   sub->add_option("--bucket-mib", flags.bucket_mib, "DDP gradient bucket size in MiB")
       ->capture_default_str()
       ->check(real(1.0 / 1024, 1 << 16));
+  add_fuse_flag(sub, flags);
   add_comm_flags(sub, flags.comm);
   sub->add_option("--fault", train.fault,
                   "testing aid: sleep|exit|kill:RANK:STEP makes that rank stall, exit or die");
@@ -227,6 +237,7 @@ TrainOptions train_options(const TrainFlags& flags) {
   if (!flags.mem_limit.empty()) train.mem_limit = parse_bytes(flags.mem_limit, "--mem-limit");
   train.data.eval_rows = flags.eval_rows >= 0 ? flags.eval_rows : (train.model.is_classifier() ? 0 : 256);
   train.bucket_bytes = static_cast<int64_t>(flags.bucket_mib * (1 << 20));
+  train.fuse_bytes = static_cast<int64_t>(flags.fuse_kib * 1024);
   train.precision = precision_from_flags(flags);
   return train;
 }

@@ -33,6 +33,7 @@ struct TrainFlags {
   std::string mem_limit;
   int64_t eval_rows = -1;
   double bucket_mib = 25;
+  double fuse_kib = 256;
   std::string precision = "fp32", reduce_dtype = "fp32";
   CommOptions comm;
   CLI::Option *o_layer = nullptr, *o_head = nullptr, *o_embd = nullptr, *o_seq = nullptr, *o_vocab = nullptr;
@@ -41,6 +42,8 @@ void add_model_flags(CLI::App* sub, TrainFlags& flags);
 void add_train_flags(CLI::App* sub, TrainFlags& flags);
 // --precision and --reduce-dtype (train, bench, profile, plan, memory).
 void add_precision_flags(CLI::App* sub, TrainFlags& flags);
+// --fuse-kib (train, bench, memory).
+void add_fuse_flag(CLI::App* sub, TrainFlags& flags);
 Precision precision_from_flags(const TrainFlags& flags);
 // --slim-*: Slim-DP's parameters (train, plan).
 void add_slim_flags(CLI::App* sub, SlimOptions& slim);

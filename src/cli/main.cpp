@@ -56,9 +56,10 @@ void add_comm_flags(CLI::App* sub, CommOptions& o) {
       ->capture_default_str()
       ->check(positive_real(1e6));
   sub->add_option("--comm-backend", o.backend,
-                  "auto (shared memory on one node, MPI across nodes) | shm | mpi")
+                  "auto (shared memory on one host, hier across hosts) | shm | mpi (plain MPI collectives) | "
+                  "hier (shared memory within each host, MPI between hosts among ranks of one local index)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "shm", "mpi"}));
+      ->check(CLI::IsMember({"auto", "shm", "mpi", "hier"}));
   sub->add_option_function<std::string>(
       "--comm-buffer", [&o](const std::string& v) { o.shm_bytes = parse_bytes(v, "--comm-buffer"); },
       "shared-memory staging per rank (default 16MiB)");

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "slimshard/comm.h"
 
@@ -30,8 +31,16 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_mpi_backend(MPI_Comm comm);
-// One node only: every rank of `comm` must share memory with every other.
-std::unique_ptr<Backend> make_shm_backend(MPI_Comm comm, int64_t bytes_per_rank);
+// One host only: every rank of `comm` must share memory with every other. `labels` name its ranks in
+// watchdog messages ("rank 3 on host b"; default "rank q").
+std::unique_ptr<Backend> make_shm_backend(MPI_Comm comm, int64_t bytes_per_rank,
+                                          std::vector<std::string> labels = {});
+// Across hosts with the same number of ranks each (hier_backend.cpp): within a host through a shared-memory
+// window, between hosts plain MPI among the ranks of the same local index.
+std::unique_ptr<Backend> make_hier_backend(MPI_Comm comm, const Topology& topology, int64_t bytes_per_rank);
+// "rank g on host NAME" for each rank of `t` sharing a host with `rank`, in local order (for the shm
+// backend).
+std::vector<std::string> rank_labels(const Topology& t, int rank);
 
 // Elementwise reduction of `n` elements of `dtype` from `in[0..k)` into `out` (which may alias an input), in
 // the order given, so that every rank that reduces the same inputs gets the same bits. Scales by `scale`

@@ -4,6 +4,7 @@
 // world of one.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -36,9 +37,17 @@ const char* collective_name(Collective c) {
   }
 }
 
-int64_t Communicator::total_bytes() const {
+const char* link_name(Link l) { return l == Link::intra ? "intra" : "inter"; }
+
+int Topology::rank_at(int h, int r) const {
+  for (size_t g = 0, seen = 0; g < host_of.size(); ++g)
+    if (host_of[g] == h && static_cast<int>(seen++) == r) return static_cast<int>(g);
+  throw std::logic_error("Topology::rank_at: no rank " + std::to_string(r) + " on host " + std::to_string(h));
+}
+
+int64_t Communicator::total_bytes(Link l) const {
   int64_t s = 0;
-  for (const auto& b : bytes_) s += b.load();
+  for (const auto& b : bytes_[static_cast<int>(l)]) s += b.load();
   return s;
 }
 
@@ -78,7 +87,7 @@ void check_tensor(const at::Tensor& t, const char* what) {
     throw std::logic_error(std::string(what) + ": needs a defined, contiguous CPU tensor");
 }
 
-// Bytes one rank sends in the bandwidth-optimal algorithm (see comm.h).
+// Bytes one rank sends in the bandwidth-optimal (ring) algorithm over `world` ranks (see comm.h).
 int64_t ring_bytes(Collective c, int64_t bytes, int world) {
   if (world <= 1) return 0;
   switch (c) {
@@ -94,6 +103,57 @@ int64_t ring_bytes(Collective c, int64_t bytes, int world) {
   }
 }
 
+// {intra, inter} bytes this rank sends for a collective of `bytes` (the full tensor; see comm.h).
+std::pair<int64_t, int64_t> link_bytes(Collective c, int64_t bytes, const Topology& t, int rank, int world,
+                                       bool hierarchical) {
+  if (hierarchical && c != Collective::broadcast) {
+    const int R = t.local_size, H = t.hosts;
+    return {ring_bytes(c, bytes, R), ring_bytes(c, bytes / R, H)};
+  }
+  const int64_t b = ring_bytes(c, bytes, world);
+  const bool crosses = t.host_of.size() > 1 && t.host_of[static_cast<size_t>((rank + 1) % world)] != t.host;
+  return crosses ? std::make_pair(int64_t{0}, b) : std::make_pair(b, int64_t{0});
+}
+
+// Where this rank runs: hosts from MPI_Comm_split_type(SHARED), numbered by their lowest rank, and named.
+Topology learn_topology(MPI_Comm comm) {
+  Topology t;
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &t.local_rank);
+  MPI_Comm_size(node, &t.local_size);
+  int leader = rank;
+  MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node);
+  MPI_Comm_free(&node);
+  std::vector<int> leaders(static_cast<size_t>(world));
+  MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, comm);
+  std::vector<int> firsts = leaders;
+  std::sort(firsts.begin(), firsts.end());
+  firsts.erase(std::unique(firsts.begin(), firsts.end()), firsts.end());
+  t.hosts = static_cast<int>(firsts.size());
+  for (int l : leaders)
+    t.host_of.push_back(static_cast<int>(std::lower_bound(firsts.begin(), firsts.end(), l) - firsts.begin()));
+  t.host = t.host_of[static_cast<size_t>(rank)];
+  for (int h = 0; h < t.hosts; ++h)
+    t.uniform = t.uniform && std::count(t.host_of.begin(), t.host_of.end(), h) == t.local_size;
+  int uniform = t.uniform ? 1 : 0;  // every rank must agree (hosts of other sizes see it differently)
+  MPI_Allreduce(MPI_IN_PLACE, &uniform, 1, MPI_INT, MPI_MIN, comm);
+  t.uniform = uniform == 1;
+  char name[MPI_MAX_PROCESSOR_NAME] = {0};
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  std::vector<char> names(static_cast<size_t>(world) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm);
+  t.host_names.assign(static_cast<size_t>(t.hosts), "");
+  for (int h = 0; h < t.hosts; ++h)
+    t.host_names[static_cast<size_t>(h)] =
+        std::string(&names[static_cast<size_t>(firsts[h]) * MPI_MAX_PROCESSOR_NAME]);
+  return t;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // A world of one: collectives are no-ops or copies, done at once.
 class LocalCommunicator final : public Communicator {
@@ -102,9 +162,10 @@ class LocalCommunicator final : public Communicator {
   int world() const override { return 1; }
   std::string backend_name() const override { return "local"; }
   WorkPtr all_reduce(at::Tensor t, ReduceOp) override { return done(Collective::all_reduce, t); }
-  WorkPtr all_gather(at::Tensor out, at::Tensor in) override {
+  WorkPtr all_gather(at::Tensor out, at::Tensor in, std::function<void()> then) override {
     if (out.numel() != in.numel()) throw std::logic_error("all_gather: output must be world × input");
     if (out.data_ptr() != in.data_ptr()) out.copy_(in);
+    if (then) then();
     return done(Collective::all_gather, out);
   }
   WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp, std::function<void()> then) override {
@@ -123,7 +184,7 @@ class LocalCommunicator final : public Communicator {
 
  private:
   WorkPtr done(Collective c, const at::Tensor&) {
-    count(c, 0);
+    count(c, 0, 0);
     auto w = std::make_shared<WorkImpl>();
     w->finish(nullptr);
     return w;
@@ -167,13 +228,15 @@ class MpiCommunicator final : public Communicator {
     check_tensor(t, "all_reduce");
     return enqueue(Collective::all_reduce, t.nbytes(), [t, op](comm::Backend& b) { b.all_reduce(t, op); });
   }
-  WorkPtr all_gather(at::Tensor out, at::Tensor in) override {
+  WorkPtr all_gather(at::Tensor out, at::Tensor in, std::function<void()> then) override {
     check_tensor(out, "all_gather");
     check_tensor(in, "all_gather");
     if (out.numel() != in.numel() * world_ || out.scalar_type() != in.scalar_type())
       throw std::logic_error("all_gather: output must be world × input, same dtype");
-    return enqueue(Collective::all_gather, out.nbytes(),
-                   [out, in](comm::Backend& b) { b.all_gather(out, in); });
+    return enqueue(Collective::all_gather, out.nbytes(), [out, in, then](comm::Backend& b) {
+      b.all_gather(out, in);
+      if (then) then();
+    });
   }
   WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op, std::function<void()> then) override {
     check_tensor(out, "reduce_scatter");
@@ -213,7 +276,8 @@ class MpiCommunicator final : public Communicator {
   };
 
   WorkPtr enqueue(Collective kind, int64_t bytes, std::function<void(comm::Backend&)> run) {
-    count(kind, ring_bytes(kind, bytes, world_));
+    const auto [intra, inter] = link_bytes(kind, bytes, topo_, rank_, world_, hierarchical_);
+    count(kind, intra, inter);
     auto work = std::make_shared<WorkImpl>();
     {
       std::lock_guard<std::mutex> lock(m_);
@@ -236,18 +300,21 @@ class MpiCommunicator final : public Communicator {
       MPI_Comm_dup(MPI_COMM_WORLD, &comm);
       MPI_Comm_rank(comm, &rank_);
       MPI_Comm_size(comm, &world_);
-      MPI_Comm node;
-      MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
-      int node_size = 0;
-      MPI_Comm_size(node, &node_size);
-      MPI_Comm_free(&node);
-      const bool one_node = node_size == world_;
-      if (opts_.backend == "shm" && !one_node)
-        throw UsageError("--comm-backend shm: the ranks span several nodes; use mpi or auto");
-      if (opts_.backend == "shm" || (opts_.backend == "auto" && one_node))
-        backend = comm::make_shm_backend(comm, opts_.shm_bytes);
-      else
+      topo_ = learn_topology(comm);
+      const bool one_host = topo_.hosts == 1;
+      if (opts_.backend == "shm" && !one_host)
+        throw UsageError("--comm-backend shm: the ranks span " + std::to_string(topo_.hosts) +
+                         " hosts; use hier, mpi or auto");
+      if (opts_.backend == "hier" && !topo_.uniform)
+        throw UsageError("--comm-backend hier: the hosts run different numbers of ranks; use mpi or auto");
+      if (opts_.backend == "shm" || (opts_.backend == "auto" && one_host)) {
+        backend = comm::make_shm_backend(comm, opts_.shm_bytes, comm::rank_labels(topo_, rank_));
+      } else if (opts_.backend == "hier" || (opts_.backend == "auto" && topo_.uniform)) {
+        backend = comm::make_hier_backend(comm, topo_, opts_.shm_bytes);
+        hierarchical_ = true;
+      } else {
         backend = comm::make_mpi_backend(comm);
+      }
       backend_name_ = backend->name();
       buffer_bytes_ = backend->buffer_bytes();
       backend_ = backend.get();
@@ -323,6 +390,7 @@ class MpiCommunicator final : public Communicator {
 
   CommOptions opts_;
   int rank_ = 0, world_ = 1;
+  bool hierarchical_ = false;
   std::string backend_name_;
   int64_t buffer_bytes_ = 0;
   std::atomic<comm::Backend*> backend_{nullptr};
@@ -337,6 +405,62 @@ class MpiCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+namespace {
+
+// Offsets of each tensor's elements in a packed buffer, and the total; all of one dtype.
+std::vector<int64_t> packed_offsets(const std::vector<at::Tensor>& ts, int64_t* total, const char* what) {
+  std::vector<int64_t> off;
+  *total = 0;
+  for (const at::Tensor& t : ts) {
+    if (!t.is_contiguous() || t.scalar_type() != ts.front().scalar_type())
+      throw std::logic_error(std::string(what) + ": tensors must be contiguous and of one dtype");
+    off.push_back(*total);
+    *total += t.numel();
+  }
+  return off;
+}
+
+}  // namespace
+
+// One all-gather of every ins[i] packed: rank r's block of the result holds its ins in order; outs[i]'s slot
+// r is the i-th piece of block r.
+WorkPtr Communicator::all_gather_coalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins) {
+  if (outs.size() != ins.size() || ins.empty())
+    throw std::logic_error("all_gather_coalesced: one out per in");
+  int64_t m = 0;
+  const std::vector<int64_t> off = packed_offsets(ins, &m, "all_gather_coalesced");
+  const int W = world();
+  at::Tensor packed_in = at::empty({m}, ins.front().options());
+  for (size_t i = 0; i < ins.size(); ++i)
+    packed_in.narrow(0, off[i], ins[i].numel()).copy_(ins[i].view({-1}));
+  at::Tensor packed_out = at::empty({W * m}, ins.front().options());
+  return all_gather(packed_out, packed_in, [packed_out, outs, ins, off, W, m] {
+    const at::Tensor blocks = packed_out.view({W, m});
+    for (size_t i = 0; i < outs.size(); ++i)
+      outs[i].view({W, ins[i].numel()}).copy_(blocks.narrow(1, off[i], ins[i].numel()));
+  });
+}
+
+// One reduce-scatter of every ins[i] packed so that rank r's block holds each input's slice r in order.
+WorkPtr Communicator::reduce_scatter_coalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins,
+                                               ReduceOp op, std::function<void()> then) {
+  if (outs.size() != ins.size() || ins.empty())
+    throw std::logic_error("reduce_scatter_coalesced: one out per in");
+  int64_t m = 0;
+  const std::vector<int64_t> off = packed_offsets(outs, &m, "reduce_scatter_coalesced");
+  const int W = world();
+  at::Tensor packed_in = at::empty({W * m}, ins.front().options());
+  const at::Tensor blocks = packed_in.view({W, m});
+  for (size_t i = 0; i < ins.size(); ++i)
+    blocks.narrow(1, off[i], outs[i].numel()).copy_(ins[i].view({W, outs[i].numel()}));
+  at::Tensor packed_out = at::empty({m}, outs.front().options());
+  return reduce_scatter(packed_out, packed_in, op, [packed_out, outs, off, then] {
+    for (size_t i = 0; i < outs.size(); ++i)
+      outs[i].view({-1}).copy_(packed_out.narrow(0, off[i], outs[i].numel()));
+    if (then) then();
+  });
+}
 
 std::string agree_on_error(Communicator& comm, const std::string& error) {
   // The lowest rank that failed, or world when none did; then its message, from it, to everyone.
@@ -360,8 +484,9 @@ std::string broadcast_string(Communicator& comm, const std::string& s, int root)
 }
 
 std::unique_ptr<Communicator> Communicator::create(const CommOptions& opts) {
-  if (opts.backend != "auto" && opts.backend != "shm" && opts.backend != "mpi")
-    throw UsageError("--comm-backend: unknown backend '" + opts.backend + "' (expected auto, shm or mpi)");
+  if (opts.backend != "auto" && opts.backend != "shm" && opts.backend != "mpi" && opts.backend != "hier")
+    throw UsageError("--comm-backend: unknown backend '" + opts.backend +
+                     "' (expected auto, shm, mpi or hier)");
   // A bound the watchdog's nanosecond clock holds without overflow (about 11.5 days).
   if (!(opts.timeout_s > 0 && opts.timeout_s <= kMaxTimeoutS))
     throw UsageError("--comm-timeout: must be a number in (0, " +

@@ -43,9 +43,14 @@ char* aligned(void* p) {
 
 class ShmBackend final : public Backend {
  public:
-  ShmBackend(MPI_Comm comm, int64_t bytes_per_rank) : comm_(comm) {
+  ShmBackend(MPI_Comm comm, int64_t bytes_per_rank, std::vector<std::string> labels)
+      : comm_(comm), labels_(std::move(labels)) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &world_);
+    if (labels_.size() != static_cast<size_t>(world_)) {
+      labels_.clear();
+      for (int q = 0; q < world_; ++q) labels_.push_back("rank " + std::to_string(q));
+    }
     half_ = static_cast<size_t>(std::max<int64_t>(bytes_per_rank / 2, 1 << 16)) / 64 * 64;
     // Each rank's segment starts on a cache line (MPI packs the segments without aligning them; the control
     // block is 64-byte aligned). The segments' offsets within a page are the same in every process's mapping,
@@ -75,7 +80,7 @@ class ShmBackend final : public Backend {
   std::string waiting_on() const override {
     const int q = waiting_on_.load();
     if (q < 0) return {};
-    return "rank " + std::to_string(q) + " (last seen at step " +
+    return labels_[static_cast<size_t>(q)] + " (last seen at step " +
            std::to_string(__atomic_load_n(&ctrl(q)->step, __ATOMIC_RELAXED)) + ")";
   }
 
@@ -186,6 +191,7 @@ class ShmBackend final : public Backend {
   }
 
   MPI_Comm comm_;
+  std::vector<std::string> labels_;
   MPI_Win win_ = MPI_WIN_NULL;
   int rank_ = 0, world_ = 1;
   size_t half_ = 0;
@@ -197,8 +203,9 @@ class ShmBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_shm_backend(MPI_Comm comm, int64_t bytes_per_rank) {
-  return std::make_unique<ShmBackend>(comm, bytes_per_rank);
+std::unique_ptr<Backend> make_shm_backend(MPI_Comm comm, int64_t bytes_per_rank,
+                                          std::vector<std::string> labels) {
+  return std::make_unique<ShmBackend>(comm, bytes_per_rank, std::move(labels));
 }
 
 }  // namespace slimshard::comm

@@ -252,8 +252,8 @@ OpMoments CostModel::op_transients(size_t op, OpChoice c, int64_t accum) const {
   const auto key = std::make_tuple(op, static_cast<int>(c.strategy), c.splits, accum > 1);
   auto it = transients_.find(key);
   if (it != transients_.end()) return it->second;
-  return transients_[key] =
-             transients_in_uniform_neighbourhood(shapes_, op, c, o_.world, o_.prefetch, accum, o_.precision);
+  return transients_[key] = transients_in_uniform_neighbourhood(shapes_, op, c, o_.world, o_.prefetch, accum,
+                                                                o_.precision, o_.fuse_bytes);
 }
 
 ActivationMoments CostModel::activations(int64_t micro) const {
@@ -287,9 +287,10 @@ PlanCost CostModel::evaluate(const std::map<std::string, OpChoice>& choices, int
     plan.push_back(c);
     pc.per_op.push_back(cc);
   }
-  const PeakBreakdown peak =
-      peak_of(persistent, scratch, activations(micro),
-              simulate_transients(shapes_, plan, o_.world, o_.prefetch, pc.accum, o_.precision), shapes_);
+  const PeakBreakdown peak = peak_of(
+      persistent, scratch, activations(micro),
+      simulate_transients(shapes_, plan, o_.world, o_.prefetch, pc.accum, o_.precision, o_.fuse_bytes),
+      shapes_);
   pc.peak_bytes = peak.peak, pc.persistent_bytes = peak.persistent;
   pc.activation_bytes = peak.activations, pc.transient_bytes = peak.transient, pc.peak_at = peak.moment;
   pc.samples_per_s = static_cast<double>(o_.global_batch) / (pc.step_ms / 1e3);

@@ -178,7 +178,7 @@ std::vector<Event> op_events(const OpShape& op, int splits, bool backward) {
 class TransientSim {
  public:
   TransientSim(const std::vector<OpShape>& ops, const std::vector<OpChoice>& choices, int world, int prefetch,
-               int64_t accum, const Precision& prec)
+               int64_t accum, const Precision& prec, int64_t fuse_bytes)
       : ops_(ops),
         choices_(choices),
         world_(world),
@@ -187,6 +187,7 @@ class TransientSim {
         gather_bytes_(prec.compute_bytes()),
         narrow_wire_(prec.reduce == at::kBFloat16) {
     for (size_t i = 0; i < ops.size(); ++i) base_.push_back(static_cast<int>(ids_)), ids_ += 2 * 64;
+    find_groups(fuse_bytes);
     record_trace();
   }
 
@@ -203,6 +204,12 @@ class TransientSim {
   }
 
  private:
+  // The padded elements of the member with key `id` (op, block, param).
+  int64_t member_numel(int id) const {
+    const size_t op =
+        static_cast<size_t>(std::upper_bound(base_.begin(), base_.end(), id) - base_.begin() - 1);
+    return block_numel(op, (id - base_[op]) % 2);
+  }
   // The padded elements of one block of op's param.
   int64_t block_numel(size_t op, int param) const {
     const int64_t n = ops_[op].param_numels.at(static_cast<size_t>(param)) / choices_[op].splits;
@@ -212,13 +219,47 @@ class TransientSim {
   int key(size_t op, const Event& e) const { return base_[op] + 2 * e.block + e.param; }
   int64_t live() const { return gathered_bytes_ + own_bytes_ + flight_bytes_; }
 
+  // The engine's fusion (DataParallel): sharded params of at most fuse_bytes (fp32) go together per block and
+  // strategy, in groups of two or more.
+  void find_groups(int64_t fuse_bytes) {
+    if (fuse_bytes <= 0 || world_ == 1) return;
+    std::map<std::pair<std::string, int>, std::vector<int>> members;
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      const Strategy s = choices_[i].strategy;
+      if (!is_sharded(s)) continue;
+      const std::string& name = ops_[i].name;
+      const size_t dot = name.find('.');
+      const std::string block =
+          name.compare(0, dot, "blocks") == 0 ? name.substr(0, name.find('.', dot + 1)) : name;
+      for (int param = 0; param < static_cast<int>(ops_[i].param_numels.size()); ++param)
+        if (4 * ops_[i].param_numels[static_cast<size_t>(param)] / choices_[i].splits <= fuse_bytes)
+          for (int b = 0; b < choices_[i].splits; ++b)
+            members[{block, static_cast<int>(s)}].push_back(key(i, Event{Ev::sample, param, b}));
+    }
+    for (auto& [k, ids] : members) {
+      if (ids.size() < 2) continue;
+      for (int id : ids) group_of_[id] = groups_.size();
+      groups_.push_back(ids);
+    }
+    pending_.assign(groups_.size(), {});
+  }
+  const std::vector<int>* group(int id) const {
+    auto it = group_of_.find(id);
+    return it == group_of_.end() ? nullptr : &groups_[it->second];
+  }
+  void push_flight(int64_t held) {
+    flight_.push_back(held), flight_bytes_ += held;
+    while (flight_.size() > 2) flight_bytes_ -= flight_.front(), flight_.pop_front();
+  }
+
   void record_trace() {
     for (bool backward : {false, true})
       for (size_t k = 0; k < ops_.size(); ++k) {
         const size_t i = backward ? ops_.size() - 1 - k : k;
         if (!gathers_on_use(choices_[i].strategy)) continue;
         for (const Event& e : op_events(ops_[i], choices_[i].splits, backward))
-          if (e.ev == Ev::acquire) trace_.push_back(gather_bytes_ * block_numel(i, e.param));
+          if (e.ev == Ev::acquire && !group(key(i, e)))
+            trace_.push_back(gather_bytes_ * block_numel(i, e.param));
       }
   }
   void issue(size_t at) {
@@ -236,6 +277,13 @@ class TransientSim {
       switch (e.ev) {
         case Ev::acquire: {
           if (!gathers_on_use(s)) break;
+          if (const std::vector<int>* g = group(id)) {  // the members not gathered yet, together
+            if (!fused_.count(id))
+              for (int m : *g)
+                if (!fused_.count(m))
+                  fused_[m] = gather_bytes_ * member_numel(m), gathered_bytes_ += fused_[m];
+            break;
+          }
           size_t at = pos_;
           if (depth_ > 0) {
             if (issued_ <= pos_) issue(pos_), issued_ = pos_ + 1;
@@ -250,6 +298,11 @@ class TransientSim {
         }
         case Ev::release: {
           if (!gathers_on_use(s)) break;
+          if (group(id)) {
+            gathered_bytes_ -= fused_.at(id);
+            fused_.erase(id);
+            break;
+          }
           const size_t at = in_use_[id].front();
           in_use_[id].pop_front();
           gathered_bytes_ -= gathered_.at(at);
@@ -262,6 +315,18 @@ class TransientSim {
           break;
         case Ev::ready: {
           const int64_t numel = block_numel(i, e.param);
+          if (const std::vector<int>* g = group(id); g && (frees_full_grad(s) || s == Strategy::zero1)) {
+            // Held until the group's last gradient; then one packed reduce-scatter of all of them.
+            auto& pending = pending_[group_of_.at(id)];
+            pending.push_back(numel);
+            if (pending.size() < g->size()) break;
+            int64_t n = 0;
+            for (int64_t k : pending) n += k;
+            pending.clear();
+            if (frees_full_grad(s)) own_bytes_ -= 4 * n;
+            push_flight((narrow_wire_ ? 2 : 4) * (n + 2 * n / world_));  // packed in, packed out, slices
+            break;
+          }
           int64_t held = 0;  // what travels: the gradient (or its bf16 copy) and the slice it lands in
           if (frees_full_grad(s)) {
             own_bytes_ -= 4 * numel;
@@ -273,8 +338,7 @@ class TransientSim {
           } else {
             break;
           }
-          flight_.push_back(held), flight_bytes_ += held;
-          while (flight_.size() > 2) flight_bytes_ -= flight_.front(), flight_.pop_front();
+          push_flight(held);
           break;
         }
         case Ev::sample:
@@ -291,6 +355,10 @@ class TransientSim {
   int64_t gather_bytes_;  // per element gathered: the compute dtype's
   bool narrow_wire_;      // gradients reduced in bf16
   std::vector<int> base_;
+  std::map<int, size_t> group_of_;             // fused member (key) -> group
+  std::vector<std::vector<int>> groups_;       // members, by key
+  std::vector<std::vector<int64_t>> pending_;  // per group: gradients held (elements)
+  std::map<int, int64_t> fused_;               // fused members gathered now: bytes
   size_t ids_ = 0;
   std::vector<int64_t> trace_;  // bytes of each recorded gather, forward then backward
   size_t pos_ = 0, issued_ = 0;
@@ -303,12 +371,14 @@ class TransientSim {
 }  // namespace
 
 TransientMoments simulate_transients(const std::vector<OpShape>& ops, const std::vector<OpChoice>& choices,
-                                     int world, int prefetch, int64_t accum, const Precision& prec) {
-  return TransientSim(ops, choices, world, prefetch, accum, prec).run();
+                                     int world, int prefetch, int64_t accum, const Precision& prec,
+                                     int64_t fuse_bytes) {
+  return TransientSim(ops, choices, world, prefetch, accum, prec, fuse_bytes).run();
 }
 
 OpMoments transients_in_uniform_neighbourhood(const std::vector<OpShape>& ops, size_t i, OpChoice c,
-                                              int world, int prefetch, int64_t accum, const Precision& prec) {
+                                              int world, int prefetch, int64_t accum, const Precision& prec,
+                                              int64_t fuse_bytes) {
   // Only neighbours reach op i: the prefetcher's window of K+1 gathers and the two reductions in flight, a
   // few ops either side (the window is wider than that reach).
   const size_t reach = static_cast<size_t>(std::max(0, prefetch)) + 4;
@@ -321,7 +391,7 @@ OpMoments transients_in_uniform_neighbourhood(const std::vector<OpShape>& ops, s
     plan.push_back(OpChoice{c.strategy, split ? c.splits : 1});
   }
   plan[i - lo] = c;
-  return simulate_transients(window, plan, world, prefetch, accum, prec).ops[i - lo];
+  return simulate_transients(window, plan, world, prefetch, accum, prec, fuse_bytes).ops[i - lo];
 }
 
 PeakBreakdown peak_of(int64_t persistent, int64_t optimizer_scratch, const ActivationMoments& a,
@@ -347,7 +417,7 @@ PeakBreakdown peak_of(int64_t persistent, int64_t optimizer_scratch, const Activ
 MemoryEstimate estimate_memory(const std::vector<OpShape>& ops,
                                const std::map<std::string, OpChoice>& choices, int world, int prefetch,
                                int optim_states, int64_t accum, const ActivationProfile& act,
-                               const Precision& prec) {
+                               const Precision& prec, int64_t fuse_bytes) {
   MemoryEstimate est;
   std::vector<OpChoice> plan;
   int64_t scratch = 0;
@@ -365,7 +435,7 @@ MemoryEstimate estimate_memory(const std::vector<OpShape>& ops,
     plan.push_back(m.choice);
     est.ops.push_back(m);
   }
-  const TransientMoments t = simulate_transients(ops, plan, world, prefetch, accum, prec);
+  const TransientMoments t = simulate_transients(ops, plan, world, prefetch, accum, prec, fuse_bytes);
   for (size_t i = 0; i < ops.size(); ++i) est.ops[i].transient_bytes = t.ops[i].most();
   est.peak = peak_of(est.persistent, scratch, activation_moments(act, ops), t, ops);
   return est;

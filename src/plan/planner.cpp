@@ -52,7 +52,7 @@ MemoryEstimate estimate_for(const RunSpec& spec, ActivationProfile* probe_cache)
   if (act.micro_batch != micro)
     act = probe_activations(spec.model, micro, spec.seed, spec.cost.precision.compute);
   return estimate_memory(ops, choices, spec.world(), spec.cost.prefetch, spec.cost.optim_states,
-                         per_rank_batch(spec) / micro, act, spec.cost.precision);
+                         per_rank_batch(spec) / micro, act, spec.cost.precision, spec.cost.fuse_bytes);
 }
 
 CostModel cost_model_for(const RunSpec& spec, const CostSource& source) {

@@ -181,11 +181,11 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
           choice_memory(op.param_numels, plan.back(), w, m.options().optim_states, m.options().precision);
       persistent += cm.persistent(), scratch = std::max(scratch, cm.optimizer_scratch_bytes);
     }
-    const int64_t peak =
-        peak_of(persistent, scratch, act,
-                simulate_transients(shapes, plan, w, m.options().prefetch, best.accum, m.options().precision),
-                shapes)
-            .peak;
+    const int64_t peak = peak_of(persistent, scratch, act,
+                                 simulate_transients(shapes, plan, w, m.options().prefetch, best.accum,
+                                                     m.options().precision, m.options().fuse_bytes),
+                                 shapes)
+                             .peak;
     if (peak <= o.mem_limit) {
       msg += "; with " + std::to_string(w) + " ranks zero3 would need about " + mib(peak);
       break;

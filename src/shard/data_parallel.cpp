@@ -11,6 +11,16 @@
 #include "slimshard/hash.h"
 
 namespace slimshard {
+namespace {
+
+// The block a param belongs to, for fusion: "blocks.3" for "blocks.3.attn.qkv.bias", else its op ("ln_f").
+std::string block_of(const std::string& param) {
+  const size_t first = param.find('.');
+  if (param.compare(0, first, "blocks") == 0) return param.substr(0, param.find('.', first + 1));
+  return param.substr(0, first);
+}
+
+}  // namespace
 
 DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params,
                            const std::vector<Strategy>& strategies, const Options& o)
@@ -58,6 +68,45 @@ DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params
     buckets_.push_back(std::move(bucket));
   }
   for (ShardedParam* p : params_) p->set_grad_ready_hook([this](ShardedParam& q) { on_grad_ready(q); });
+  // Fusion: small sharded params by (block, strategy), groups of two or more.
+  std::vector<std::pair<std::pair<std::string, int>, std::vector<ShardedParam*>>> keyed;
+  for (ShardedParam* p : params_) {
+    const Strategy s = p->strategy();
+    if (!is_sharded(s) || comm_.world() == 1 || o.fuse_bytes <= 0 ||
+        p->numel() * static_cast<int64_t>(p->master().element_size()) > o.fuse_bytes)
+      continue;
+    const auto key = std::make_pair(block_of(p->name()), static_cast<int>(s));
+    auto it = std::find_if(keyed.begin(), keyed.end(), [&](const auto& k) { return k.first == key; });
+    if (it == keyed.end()) it = keyed.insert(keyed.end(), {key, {}});
+    it->second.push_back(p);
+  }
+  for (auto& [key, members] : keyed) {
+    if (members.size() < 2) continue;
+    for (ShardedParam* p : members) group_of_[p] = groups_.size();
+    if (gathers_on_use(members.front()->strategy())) prefetcher_->fuse(members);
+    groups_.push_back(std::move(members));
+  }
+  pending_.resize(groups_.size());
+}
+
+void DataParallel::flush_group(size_t g) {
+  auto& pending = pending_[g];
+  if (pending.empty()) return;
+  const bool zero1 = pending.front().first->strategy() == Strategy::zero1;
+  std::vector<at::Tensor> ins, parts, owned;
+  for (auto& [p, full] : pending) {
+    ins.push_back(narrow_wire(full) ? full.to(reduce_) : full);
+    parts.push_back(at::empty({p->shard_numel()}, ins.back().options()));
+    owned.push_back(p->grad());
+  }
+  pending.clear();  // the full gradients (zero2/zero3) go once packed
+  // zero1 reduces its accumulated gradient once per step (copy); zero2/zero3 each micro-batch's (add).
+  scatters_.push_back(
+      comm_.reduce_scatter_coalesced(parts, ins, ReduceOp::avg, [owned, parts, zero1]() mutable {
+        for (size_t i = 0; i < owned.size(); ++i)
+          zero1 ? void(owned[i].copy_(parts[i])) : void(owned[i].add_(parts[i]));
+      }));
+  while (scatters_.size() > 2) scatters_.front()->wait(), scatters_.pop_front();
 }
 
 DataParallel::~DataParallel() {
@@ -83,6 +132,11 @@ void DataParallel::on_grad_ready(ShardedParam& p) {
     at::Tensor full = p.take_full_grad_flat();
     if (comm_.world() == 1 && micro_count_ == 1) {
       p.grad().copy_(full);
+      return;
+    }
+    if (auto g = group_of_.find(&p); g != group_of_.end()) {
+      pending_[g->second].emplace_back(&p, std::move(full));
+      if (pending_[g->second].size() == groups_[g->second].size()) flush_group(g->second);
       return;
     }
     if (narrow_wire(full)) {  // rounded once for the trip; the fp32 gradient is freed now
@@ -112,6 +166,11 @@ void DataParallel::on_grad_ready(ShardedParam& p) {
                            " produced its gradient twice in one backward; shared weights are not supported");
   done = true;
   if (s == Strategy::zero1) {
+    if (auto g = group_of_.find(&p); g != group_of_.end()) {
+      pending_[g->second].emplace_back(&p, p.full_grad_flat());
+      if (pending_[g->second].size() == groups_[g->second].size()) flush_group(g->second);
+      return;
+    }
     if (narrow_wire(p.full_grad_flat())) {
       at::Tensor wire = p.full_grad_flat().to(reduce_);
       at::Tensor part = at::empty({p.shard_numel()}, wire.options()), owned = p.grad();
@@ -137,6 +196,8 @@ void DataParallel::launch_ready_buckets() {
 
 void DataParallel::end_backward(bool last) {
   if (prefetcher_) prefetcher_->end_pass();
+  // Groups some of whose params produced no gradient (unused) go now, in order, the same on every rank.
+  for (size_t g = 0; g < groups_.size(); ++g) flush_group(g);
   // Every micro-batch's reduce-scatters finish before the next forward: their full gradients are never alive
   // beside another micro-batch's activations (what the memory estimate counts on).
   while (!scatters_.empty()) scatters_.front()->wait(), scatters_.pop_front();
@@ -170,8 +231,14 @@ void DataParallel::after_optimizer_step() {
   std::vector<WorkPtr> works;
   for (ShardedParam* p : params_) {
     p->refresh_working();
-    if (gathers_after_step(p->strategy()))
+    if (gathers_after_step(p->strategy()) && !group_of_.count(p))
       works.push_back(comm_.all_gather(p->flat_param(), p->owned_working()));
+  }
+  for (const auto& members : groups_) {
+    if (!gathers_after_step(members.front()->strategy())) continue;
+    std::vector<at::Tensor> outs, ins;
+    for (ShardedParam* p : members) outs.push_back(p->flat_param()), ins.push_back(p->owned_working());
+    works.push_back(comm_.all_gather_coalesced(outs, ins));
   }
   for (auto& w : works) w->wait();
 }

@@ -28,7 +28,32 @@ void Prefetcher::fill(size_t limit) {
   }
 }
 
+void Prefetcher::fuse(const std::vector<ShardedParam*>& members) {
+  for (ShardedParam* p : members) group_of_[p] = groups_.size();
+  groups_.push_back(members);
+}
+
+void Prefetcher::gather_group(ShardedParam& p) {
+  std::vector<at::Tensor> outs, ins;
+  std::vector<ShardedParam*> now;
+  for (ShardedParam* m : groups_[group_of_.at(&p)])
+    if (!fused_live_.count(m)) {
+      now.push_back(m);
+      outs.push_back(at::empty({m->padded_numel()}, m->gather_source().options()));
+      ins.push_back(m->gather_source());
+    }
+  WorkPtr work = comm_.all_gather_coalesced(outs, ins);
+  for (size_t i = 0; i < now.size(); ++i) fused_live_[now[i]] = Gathered{outs[i], work};
+  ++gathers_;
+}
+
 at::Tensor Prefetcher::acquire(ShardedParam& p) {
+  if (group_of_.count(&p)) {
+    if (!fused_live_.count(&p)) gather_group(p);
+    Gathered& g = fused_live_.at(&p);
+    g.work->wait();
+    return g.buf;
+  }
   bool follow = enabled_ && !recording_ && !broken_ && depth_ > 0;
   if (follow && (pos_ >= trace_.size() || trace_[pos_] != &p)) {
     // The order changed (it should not: same graph every pass). Stop prefetching rather than gather wrongly.
@@ -54,6 +79,10 @@ at::Tensor Prefetcher::acquire(ShardedParam& p) {
 }
 
 void Prefetcher::release(ShardedParam& p) {
+  if (group_of_.count(&p)) {
+    fused_live_.erase(&p);
+    return;
+  }
   auto& keys = in_use_[&p];
   if (keys.empty()) throw std::logic_error("release of " + p.name() + " without acquire");
   live_.erase(keys.front());
@@ -62,6 +91,8 @@ void Prefetcher::release(ShardedParam& p) {
 }
 
 void Prefetcher::end_pass() {
+  for (auto& [p, g] : fused_live_) g.work->wait();  // gathered for a use the pass did not make
+  fused_live_.clear();
   if (!enabled_) return;
   recording_ = false;
   pos_ = issued_ = 0;

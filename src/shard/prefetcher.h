@@ -17,7 +17,8 @@ class Work;
 // first forward+backward; from then on, acquiring the i-th param also issues the all-gathers of the next
 // ones, so communication overlaps compute, with at most K+1 gathered buffers live (more only while one op
 // holds several params at once). The window never crosses the end of a pass: the weights change at the
-// optimizer step.
+// optimizer step. Fused params (small ones, fuse()) are gathered with their group in one collective when the
+// first of them is needed, and kept until each is released; they are not in the recorded order.
 class Prefetcher final : public ParamGatherer {
  public:
   Prefetcher(Communicator& comm, int depth);
@@ -25,6 +26,8 @@ class Prefetcher final : public ParamGatherer {
   void release(ShardedParam& p) override;
   // After each micro-batch's backward: the first call fixes the recorded order.
   void end_pass();
+  // These params are gathered together (before the first pass).
+  void fuse(const std::vector<ShardedParam*>& members);
   // Off during evaluation and generation (a different order): gathers on demand, recording nothing.
   void set_enabled(bool on) { enabled_ = on; }
   int depth() const { return depth_; }
@@ -38,6 +41,8 @@ class Prefetcher final : public ParamGatherer {
   };
   void issue(size_t key, ShardedParam& p);
   void fill(size_t limit);
+  // The members of p's group not gathered yet, in one collective.
+  void gather_group(ShardedParam& p);
 
   Communicator& comm_;
   int depth_;
@@ -49,6 +54,9 @@ class Prefetcher final : public ParamGatherer {
   std::map<size_t, Gathered> live_;
   std::map<ShardedParam*, std::deque<size_t>> in_use_;
   size_t next_adhoc_ = size_t(1) << 62;
+  std::map<ShardedParam*, size_t> group_of_;
+  std::vector<std::vector<ShardedParam*>> groups_;
+  std::map<ShardedParam*, Gathered> fused_live_;
   int max_live_ = 0;
   int64_t gathers_ = 0;
 };

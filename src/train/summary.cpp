@@ -22,10 +22,11 @@ std::string mib(int64_t b) { return format_mib(static_cast<double>(b)); }
 
 }  // namespace
 
-void RunStats::record(const StepResult& r, double seconds, int64_t bytes) {
+void RunStats::record(const StepResult& r, double seconds, int64_t bytes, int64_t inter_bytes) {
   losses.push_back(r.loss);
   step_s.push_back(seconds);
   step_bytes.push_back(static_cast<double>(bytes));
+  step_inter_bytes.push_back(static_cast<double>(inter_bytes));
   times.push_back(r.times);
   peak_bytes = std::max(peak_bytes, memory::peak_bytes());
   for (int p = 0; p < static_cast<int>(memory::Phase::count); ++p)
@@ -51,6 +52,13 @@ nlohmann::json comm_bytes_by_kind(const Communicator& comm) {
   nlohmann::json by_kind;
   for (int c = 0; c < static_cast<int>(Collective::count); ++c)
     by_kind[collective_name(static_cast<Collective>(c))] = comm.bytes(static_cast<Collective>(c));
+  return by_kind;
+}
+
+nlohmann::json comm_bytes_by_kind(const Communicator& comm, Link link) {
+  nlohmann::json by_kind;
+  for (int c = 0; c < static_cast<int>(Collective::count); ++c)
+    by_kind[collective_name(static_cast<Collective>(c))] = comm.bytes(static_cast<Collective>(c), link);
   return by_kind;
 }
 
@@ -80,6 +88,9 @@ nlohmann::json summary_json(const TrainSummary& s, const RunStats& stats, const 
                    {"comm_bytes", s.comm_bytes},
                    {"comm_bytes_per_step", s.comm_bytes_per_step},
                    {"comm_bytes_by_kind", by_kind},
+                   {"comm_bytes_inter", s.comm_bytes_inter},
+                   {"comm_bytes_inter_per_step", s.comm_bytes_inter_per_step},
+                   {"hosts", s.hosts},
                    {"weights_identical", s.weights_identical},
                    {"slim_rounds", s.slim_rounds},
                    {"slim_selection_digest", s.slim_digest},
@@ -122,9 +133,11 @@ void print_summary(const TrainSummary& s, const RunStats& stats, const std::stri
       stats.median_phase_ms(&StepTimes::backward), stats.median_phase_ms(&StepTimes::comm_wait),
       stats.median_phase_ms(&StepTimes::optimizer));
   if (s.world > 1)
-    std::printf("communication: %s per step per rank (%s backend); weights identical on all %d ranks: %s\n",
-                format_bytes(s.comm_bytes_per_step).c_str(), backend.c_str(), s.world,
-                s.weights_identical ? "yes" : "NO");
+    std::printf(
+        "communication: %s per step per rank, %s of it between hosts (%s backend, %d host(s)); weights "
+        "identical on all %d ranks: %s\n",
+        format_bytes(s.comm_bytes_per_step).c_str(), format_bytes(s.comm_bytes_inter_per_step).c_str(),
+        backend.c_str(), s.hosts, s.world, s.weights_identical ? "yes" : "NO");
 }
 
 }  // namespace slimshard

@@ -31,6 +31,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// " across 2 hosts (a, b) x 2 ranks", or nothing on one host.
+std::string hosts_description(const Topology& t) {
+  if (t.hosts <= 1) return "";
+  std::string names;
+  for (const std::string& n : t.host_names) names += (names.empty() ? "" : ", ") + n;
+  return " across " + std::to_string(t.hosts) + " hosts (" + names + ")" +
+         (t.uniform ? " x " + std::to_string(t.local_size) + " ranks" : "");
+}
+
 struct EvalResult {
   double loss = 0, acc = -1;
 };
@@ -219,8 +228,9 @@ void Trainer::build_model_layout(const Plan& plan) {
 void Trainer::build() {
   memory::PhaseScope phase(memory::Phase::init);
   params_ = model_->params().all();
-  dp_ = std::make_unique<DataParallel>(comm_, params_, strategies_,
-                                       DataParallel::Options{o_.bucket_bytes, o_.prefetch, o_.precision});
+  dp_ = std::make_unique<DataParallel>(
+      comm_, params_, strategies_,
+      DataParallel::Options{o_.bucket_bytes, o_.prefetch, o_.precision, o_.fuse_bytes});
   std::vector<ShardedParam*> slim_params;
   for (ShardedParam* p : params_)
     if (p->strategy() == Strategy::slim) slim_params.push_back(p);
@@ -315,10 +325,10 @@ void Trainer::print_start() const {
   std::fprintf(
       stderr,
       "training: %lld steps, global batch %lld (%lld ranks x %lld micro-batches of %lld), strategy %s, "
-      "%s lr %g, %s, %d thread(s) per rank, %s communication\n",
+      "%s lr %g, %s, %d thread(s) per rank, %s communication%s\n",
       (long long)o_.steps, (long long)o_.batch_size, (long long)world_, (long long)accum_, (long long)micro_,
       o_.strategy.c_str(), o_.optim.name.c_str(), o_.lr, o_.precision.name().c_str(), o_.threads,
-      comm_.backend_name().c_str());
+      comm_.backend_name().c_str(), hosts_description(comm_.topology()).c_str());
   if (o_.verbose) print_buffers();
 }
 
@@ -438,17 +448,19 @@ TrainSummary Trainer::run() {
     comm_.set_step(step);
     policy.before_step(step);
     memory::reset_peaks();
-    const int64_t bytes0 = comm_.total_bytes();
+    const int64_t bytes0 = comm_.total_bytes(), inter0 = comm_.total_bytes(Link::inter);
     const auto t0 = Clock::now();
     const StepResult r = stepper.run(
         step, accum_, [&](int64_t m) { return batch(step, m); }, schedule_.at(step), o_.clip,
         [&] { return policy.local_flags(); });
     const double dt = seconds_since(t0);
-    stats.record(r, dt, comm_.total_bytes() - bytes0);
+    const int64_t inter = comm_.total_bytes(Link::inter) - inter0;
+    stats.record(r, dt, comm_.total_bytes() - bytes0, inter);
     if (!std::isfinite(r.loss))
       throw RuntimeError("loss is " + std::to_string(r.loss) + " at step " + std::to_string(step) +
                          " (diverged; lower --lr?)");
     nlohmann::json rec = step_record(step, r, dt, comm_.total_bytes() - bytes0);
+    rec["comm_bytes_inter"] = inter;
     const StepActions act = policy.after_step(step, r.stop);
     if (act.save && !act.eval && slim_) slim_->full_sync();  // a checkpoint holds one model
     if (act.eval) evaluate_into(rec, step, progress, s);
@@ -492,6 +504,9 @@ void Trainer::summarize(TrainSummary& s, const RunStats& stats, int64_t stop, do
   s.peak_bytes = stats.peak_bytes;
   s.comm_bytes = comm_.total_bytes();
   s.comm_bytes_per_step = median(stats.step_bytes);
+  s.comm_bytes_inter = comm_.total_bytes(Link::inter);
+  s.comm_bytes_inter_per_step = median(stats.step_inter_bytes);
+  s.hosts = comm_.topology().hosts;
   // (Slim-DP's final full synchronisation happened at the last step's evaluation.)
   if (slim_) {
     at::Tensor digests = at::empty({world_}, at::kLong);
@@ -546,6 +561,7 @@ RunSpec run_spec(const TrainOptions& o, int world) {
   spec.cost.slim_wire_bytes = o.slim.wire_bytes();
   spec.cost.slim_period = o.slim.period;
   spec.cost.precision = o.precision;
+  spec.cost.fuse_bytes = o.fuse_bytes;
   spec.micro_batch = o.micro_batch;
   spec.mem_limit = o.mem_limit;
   spec.seed = o.seed;
