@@ -46,7 +46,7 @@ for link in $links; do
         [ -s "$f" ] && [ -z "${FRESH:-}" ] && continue
         if [ -z "$up" ]; then
           "$here/scripts/cluster.sh" up --name $name --hosts "$H" --ranks-per-host "$R" --link "$link" >/dev/null
-          flags=$(cut -d' ' -f2- <"${SLIMSHARD_CLUSTER_DIR:-/tmp}/slimshard-cluster-$name/mpirun-flags")
+          flags=$(cat "${SLIMSHARD_CLUSTER_DIR:-/tmp}/slimshard-cluster-$name/mpirun-flags")
           up=1
         fi
         launch="mpirun --allow-run-as-root --oversubscribe $flags -n $W $bin"

@@ -180,6 +180,10 @@ case $cmd in
     up "$n"
     root=()
     [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
+    # mpirun gives ranks on other hosts only what -x names: the sanitizers' settings and slimshard's cache.
+    for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS SLIMSHARD_CACHE CI; do
+      [ -n "${!v:-}" ] && root+=(-x "$v")
+    done
     # shellcheck disable=SC2046
     set +e
     mpirun "${root[@]}" --oversubscribe $(cat "$(state_of "$n")/mpirun-flags") -n $((hosts * ranks)) "$@"

@@ -133,6 +133,7 @@ TEST(Planner, SlimIsAChoiceOnlyWhenAllowedAndCostsItsWireBytes) {
   CostOptions cost_opts;
   cost_opts.world = 2;
   cost_opts.global_batch = 8;
+  cost_opts.slim_overlapped = false;  // the round after the step: its bytes are its whole cost
   auto strategies_offered = [&](const CostModel& m) {
     std::set<Strategy> out;
     for (size_t op = 0; op < m.ops().size(); ++op)
@@ -181,6 +182,86 @@ TEST(Planner, SlimIsAChoiceOnlyWhenAllowedAndCostsItsWireBytes) {
   const SearchResult r = search_plan(CostModel::from_profile(prof, cost_opts), SearchOptions{});
   ASSERT_TRUE(r.fits);
   for (const auto& [op, choice] : r.choices) EXPECT_EQ(choice.strategy, Strategy::slim) << op;
+}
+
+// Hybrid sharding across hosts (hsdp, hsdp2: zero3, zero2 within a host, the owned slice all-reduced among
+// the peers): offered only with several hosts; the search stays exact with it; with a free link between hosts
+// it brings nothing (zero3's collectives cost what the host's do, and hsdp holds more); with a dear one it is
+// chosen where it fits, and the plan is faster for it.
+TEST(Planner, HybridShardingIsAChoiceAcrossHosts) {
+  const ModelConfig mlp = ModelConfig::preset_config("mlp"), cnn = ModelConfig::preset_config("cnn");
+  auto offered = [](const CostModel& m) {
+    std::set<Strategy> out;
+    for (size_t op = 0; op < m.ops().size(); ++op)
+      for (const OpChoice& c : m.candidates(op)) out.insert(c.strategy);
+    return out;
+  };
+  CostOptions one_host;
+  one_host.world = 4, one_host.global_batch = 16;
+  EXPECT_EQ(offered(CostModel::from_profile(synthetic_profile(mlp, 4, 1), one_host)).count(Strategy::hsdp),
+            0u);
+  for (unsigned seed = 1; seed <= 2; ++seed)
+    for (const ModelConfig* cfg : {&mlp, &cnn}) {
+      // 2 hosts x 2 ranks: the host's collectives as fast as the world's were, the inter-host link (the
+      // world's collectives carry part of their bytes over it, the peers' all of theirs) 20x slower.
+      Profile p = synthetic_profile(*cfg, 4, seed);
+      p.hosts = 2, p.ranks_per_host = 2;
+      p.collectives["host_all_gather"] = p.collectives.at("all_gather");
+      p.collectives["host_reduce_scatter"] = p.collectives.at("reduce_scatter");
+      CollectiveFit peers = p.collectives.at("all_reduce");
+      peers.beta_ms_per_byte *= 20;
+      p.collectives["peers_all_reduce"] = peers;
+      Profile dear = p;
+      for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"})
+        dear.collectives[k].beta_ms_per_byte *= 10;
+      CostOptions o;
+      o.world = 4, o.global_batch = 16;
+      const CostModel m = CostModel::from_profile(dear, o);
+      ASSERT_EQ(m.options().hosts(), 2);
+      // A profile file keeps the hosts it was taken on: planned from it, hybrid sharding is offered too.
+      const Profile saved = profile_from_json(profile_to_json(dear), "profile");
+      EXPECT_EQ(saved.hosts, 2);
+      EXPECT_EQ(saved.ranks_per_host, 2);
+      EXPECT_EQ(offered(CostModel::from_profile(saved, o)).count(Strategy::hsdp), 1u);
+      EXPECT_EQ(offered(m).count(Strategy::hsdp), 1u);
+      EXPECT_EQ(offered(m).count(Strategy::hsdp2), 1u);
+      const std::string what = cfg->arch + " seed " + std::to_string(seed);
+      // The smallest peak of each over micro-batches (a budget of 1 byte fits none).
+      SearchOptions tiny;
+      tiny.mem_limit = 1;
+      const SearchResult frugal = uniform_baseline(m, Strategy::zero3, tiny);
+      const SearchResult roomy = uniform_baseline(m, Strategy::ddp, tiny);
+      for (double f : {0.0, 1.0, 1.3, 2.0}) {
+        SearchOptions search;
+        search.memory_buckets = 64;
+        search.mem_limit = f == 0 ? 0 : static_cast<int64_t>(frugal.cost.peak_bytes * f);
+        if (f == 2.0) search.mem_limit = (frugal.cost.peak_bytes + roomy.cost.peak_bytes) / 2;
+        expect_same(search_plan(m, search), brute_force_plan(m, search),
+                    what + " limit x" + std::to_string(f));
+      }
+      // A dear inter-host link, a budget that uniform hsdp fits but ddp does not: hybrid ops are chosen, and
+      // the plan beats the best one without them.
+      SearchOptions mid;
+      mid.mem_limit = uniform_baseline(m, Strategy::hsdp, tiny).cost.peak_bytes;
+      ASSERT_LT(mid.mem_limit, roomy.cost.peak_bytes) << what;
+      CostOptions no_hybrid = o;
+      no_hybrid.allow_hybrid = false;
+      const SearchResult with = search_plan(m, mid),
+                         without = search_plan(CostModel::from_profile(dear, no_hybrid), mid);
+      ASSERT_TRUE(with.fits && without.fits) << what;
+      int hybrid = 0;
+      for (const auto& [op, c] : with.choices) hybrid += shards_within_host(c.strategy);
+      EXPECT_GT(hybrid, 0) << what;
+      EXPECT_LT(with.cost.step_ms, without.cost.step_ms) << what;
+      // A free inter-host link: the world's collectives cost the host's, the peers' nothing. Hybrid sharding
+      // saves nothing there and holds more: the best plan is no faster for having it.
+      Profile free = p;
+      free.collectives["peers_all_reduce"] = CollectiveFit{};
+      const SearchResult free_with = search_plan(CostModel::from_profile(free, o), mid),
+                         free_without = search_plan(CostModel::from_profile(free, no_hybrid), mid);
+      EXPECT_NEAR(free_with.cost.step_ms, free_without.cost.step_ms, 1e-9 * free_without.cost.step_ms)
+          << what;
+    }
 }
 
 TEST(Planner, ClusterSpecPlansFitAndBeatUniformZero3) {

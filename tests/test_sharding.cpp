@@ -58,6 +58,19 @@ TEST(Sharding, EveryStrategyAndMixedPlanEqualDdp) {
   }
 }
 
+// On one host hybrid sharding is ZeRO: hsdp lays out and communicates as zero3, hsdp2 as zero2.
+TEST(Sharding, HybridOnOneHostIsZero) {
+  const std::string dir = test::scratch_dir();
+  for (auto [hybrid, zero] : {std::pair{"hsdp", "zero3"}, std::pair{"hsdp2", "zero2"}}) {
+    const Result h = train(2, kTiny + " --strategy " + hybrid, dir, hybrid);
+    const Result z = train(2, kTiny + " --strategy " + zero, dir, zero);
+    ASSERT_EQ(h.code, 0) << h.output;
+    ASSERT_EQ(z.code, 0) << z.output;
+    EXPECT_EQ(h.losses, z.losses) << hybrid;
+    EXPECT_EQ(h.summary["comm_bytes"], z.summary["comm_bytes"]) << hybrid;
+  }
+}
+
 TEST(Sharding, AccumulationWithShardedGradients) {
   const std::string dir = test::scratch_dir();
   const Result ddp = train(2, kTiny + " --strategy ddp", dir, "ddp");

@@ -30,7 +30,7 @@ void expect_same_run(const SlimRun& a, const SlimRun& b, const std::string& what
 
 const std::string kSgd =
     "--model gpt-tiny --data kjv --steps 20 --batch-size 8 --lr 0.05 --optimizer sgd --momentum 0 --clip 0 "
-    "--eval-every 0 --eval-rows 64";
+    "--eval-every 0 --eval-rows 64 --slim-apply now";
 
 }  // namespace
 

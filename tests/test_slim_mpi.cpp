@@ -80,9 +80,11 @@ int64_t core_size() {
   return k;
 }
 
+// The original order: a round's average applied at once (the tests below check what it leaves right away).
 SlimOptions options(double core, double explore, int period = 1, int refresh = 1000) {
   SlimOptions o;
   o.core = core, o.explore = explore, o.period = period, o.refresh = refresh;
+  o.apply = "now";
   return o;
 }
 
@@ -271,5 +273,41 @@ TEST(Slim, Bf16WireKeepsEachRanksRemainder) {
     anchor = at::where(mask, agreed, anchor);
   }
   sync.full_sync();  // fp32: one model, the remainders included
+  for (const at::Tensor& other : gather(weights(m))) EXPECT_TRUE(other.equal(weights(m)));
+}
+
+// --slim-apply next: a round's exchange runs while the next step computes. Its average is applied after that
+// step, keeping what the rank did meanwhile: w[S] = w_now + mean − sent, so the agreed part (w minus the
+// progress since sending) is anchor + mean on every rank; the anchor moves by the mean; outside S nothing
+// changes. Oracle: each round's deltas all-reduced in full, applied where selected.
+TEST(Slim, ApplyNextKeepsTheProgressMadeDuringTheExchange) {
+  Model m = make_model();
+  SlimOptions o = options(0.25, 0.1);
+  o.apply = "next";
+  SlimSync sync(*g_comm, m.params, o);
+  const int64_t n = m.init.numel();
+  at::Tensor anchor = m.init.clone();
+  perturb(m, 0);
+  at::Tensor local = weights(m), sent = local - anchor;
+  sync.after_step(0);
+  EXPECT_TRUE(weights(m).equal(local)) << "nothing is applied while the exchange runs";
+  at::Tensor mask = mask_of(sync.selection(0), n);
+  for (int round = 1; round < 4; ++round) {
+    at::Tensor mean = sent.clone();
+    g_comm->all_reduce(mean, ReduceOp::avg)->wait();
+    perturb(m, round);  // the step computed while the round was in flight
+    const at::Tensor before = weights(m), progress = before - (anchor + sent);
+    sync.after_step(round);  // applies round - 1, launches round
+    // (round's own deltas are packed after the apply: its value is what the next check expects.)
+    const at::Tensor want = at::where(mask, before + mean - sent, before);
+    EXPECT_LE((weights(m) - want).abs().max().item<double>(), 1e-6) << "round " << round;
+    const at::Tensor agreed = (weights(m) - progress).masked_select(mask);
+    for (const at::Tensor& other : gather(agreed))
+      EXPECT_LE((other - agreed).abs().max().item<double>(), 1e-6) << "agreed part, round " << round;
+    anchor = at::where(mask, anchor + mean, anchor);
+    sent = weights(m) - anchor;
+    mask = mask_of(sync.selection(round), n);
+  }
+  sync.full_sync();  // waits for the round in flight first: one model
   for (const at::Tensor& other : gather(weights(m))) EXPECT_TRUE(other.equal(weights(m)));
 }

@@ -65,6 +65,7 @@ struct TensorPiece {
   bool replicated = false;  // the same on every rank (ddp): one rank saves it
   bool per_rank = false;    // each rank's own value (Slim-DP's local optimizer state): every rank saves it,
                             // and loads its own (rank 0's when the checkpoint had fewer ranks)
+  bool saved = true;        // false: a rank on another host holds the same piece and saves it (hybrid shards)
 };
 
 struct CheckpointMeta {
@@ -79,10 +80,11 @@ class ShardedParam;
 // This rank's pieces of every logical tensor of `params`: fp32 values and optimizer state, row blocks "w#j"
 // of split ops mapped back to ranges of their logical tensor "w". Replicated values (ddp, slim) are saved by
 // one rank, Slim-DP's optimizer state by every rank (each its own). `extra(p)` adds named state of p that is
-// the same on every rank (Slim-DP's signal and core).
-std::vector<TensorPiece> param_pieces(
-    const std::vector<ShardedParam*>& params,
-    const std::function<NamedTensors(const ShardedParam*)>& extra = nullptr);
+// the same on every rank (Slim-DP's signal and core). Hybrid shards (hsdp, hsdp2) are alike on every host:
+// saved only where `first_host` (they load everywhere).
+std::vector<TensorPiece> param_pieces(const std::vector<ShardedParam*>& params,
+                                      const std::function<NamedTensors(const ShardedParam*)>& extra = nullptr,
+                                      bool first_host = true);
 
 // A collective: every rank writes its pieces; rank 0 then writes the index and makes the checkpoint visible
 // (D/step-XXXXXXXX.partial renamed to D/step-XXXXXXXX), and removes all but the newest `keep_last` (0 = keep

@@ -22,6 +22,10 @@ namespace slimshard {
 enum class Collective { all_reduce = 0, all_gather, reduce_scatter, broadcast, barrier, count };
 const char* collective_name(Collective c);
 enum class ReduceOp { sum, avg };
+// Which ranks a collective spans: all of them; those on this rank's host (R); or this rank's peers, one per
+// host (the ranks with the same local index: H). Hybrid sharding gathers within the host and all-reduces
+// among peers.
+enum class Group { world = 0, host, peers, count };
 // Where bytes travel: between ranks of one host (shared memory), or between hosts (the network).
 enum class Link { intra = 0, inter, count };
 const char* link_name(Link l);
@@ -72,21 +76,29 @@ class Communicator {
   // Staging memory the backend holds outside LibTorch (the shared-memory window), sized once at start.
   virtual int64_t staging_bytes() const { return 0; }
 
-  // In place: t = reduce over ranks of t.
-  virtual WorkPtr all_reduce(at::Tensor t, ReduceOp op = ReduceOp::sum) = 0;
-  // out (world × in.numel()) = concatenation of every rank's `in`, in rank order. `in` may be this rank's
-  // slot of `out` (in place). `then` runs on the comm thread once the result is in `out`.
-  virtual WorkPtr all_gather(at::Tensor out, at::Tensor in, std::function<void()> then = {}) = 0;
-  // out (in.numel() / world) = this rank's slice of the reduction of every rank's `in`. `then` runs on the
-  // comm thread once the result is in `out`, before the Work completes (e.g. to accumulate it somewhere).
+  // Every collective spans `group` (world by default; its size group_size(g), ranks ordered by rank) and runs
+  // `then` on the comm thread once its result is in place, before the Work completes (e.g. to accumulate it).
+  // In place: t = reduce over the group's ranks of t.
+  virtual WorkPtr all_reduce(at::Tensor t, ReduceOp op = ReduceOp::sum, std::function<void()> then = {},
+                             Group g = Group::world) = 0;
+  // out (size × in.numel()) = concatenation of every rank's `in`, in rank order. `in` may be this rank's
+  // slot of `out` (in place).
+  virtual WorkPtr all_gather(at::Tensor out, at::Tensor in, std::function<void()> then = {},
+                             Group g = Group::world) = 0;
+  // out (in.numel() / size) = this rank's slice of the reduction of every rank's `in`.
   virtual WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op = ReduceOp::sum,
-                                 std::function<void()> then = {}) = 0;
+                                 std::function<void()> then = {}, Group g = Group::world) = 0;
+  int group_size(Group g) const {
+    return g == Group::world ? world() : g == Group::host ? topo_.local_size : topo_.hosts;
+  }
   // Several tensors of one dtype in one collective (Horovod's tensor fusion; c10d's *_coalesced): packed
   // into one buffer, one collective, unpacked on the comm thread — so that small tensors cross the network
   // once, not one message each. outs[i] and ins[i] as in all_gather / reduce_scatter.
-  WorkPtr all_gather_coalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins);
+  WorkPtr all_gather_coalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins,
+                               Group g = Group::world);
   WorkPtr reduce_scatter_coalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins,
-                                   ReduceOp op = ReduceOp::sum, std::function<void()> then = {});
+                                   ReduceOp op = ReduceOp::sum, std::function<void()> then = {},
+                                   Group g = Group::world);
   virtual WorkPtr broadcast(at::Tensor t, int root) = 0;
   virtual WorkPtr barrier() = 0;
 

@@ -35,7 +35,9 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& what);
 struct ChoiceCost {
   OpChoice choice;
   double time_ms = 0;  // this op's share of a step: compute, exposed communication, optimizer
-  ChoiceMemory mem;    // persistent
+  // Bytes this rank sends per step for the op, within its host and between hosts (comm.h's convention).
+  double intra_bytes = 0, inter_bytes = 0;
+  ChoiceMemory mem;  // persistent
   // While the op runs, its neighbours taking the same strategy (transients_in_uniform_neighbourhood): the
   // most transient bytes, and the most activations + transients at any of its moments — what the search
   // charges.
@@ -65,11 +67,18 @@ struct CostOptions {
   double slim_fraction = 0.325;
   double slim_wire_bytes = 4;
   int slim_period = 1;
+  bool slim_overlapped = true;  // --slim-apply next: the round's all-reduce runs under the next step
   // Working copies gathered in precision.compute, gradients reduced in precision.reduce; a profile taken in
   // another precision is refused.
   Precision precision;
   // Small sharded params fused per block (DataParallel::Options::fuse_bytes), for the memory simulation.
   int64_t fuse_bytes = 256 << 10;
+  // Ranks per host (0: all on one host). With more than one host, hsdp and hsdp2 are choices too, and every
+  // collective is charged its bytes on each link (within a host, between hosts).
+  int ranks_per_host = 0;
+  bool allow_hybrid = true;  // hsdp, hsdp2 among the choices (with several hosts)
+  int hosts() const { return ranks_per_host > 0 ? world / ranks_per_host : 1; }
+  int per_host() const { return ranks_per_host > 0 ? ranks_per_host : world; }
 };
 
 class CostModel {

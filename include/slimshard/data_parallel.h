@@ -9,12 +9,11 @@
 #include <utility>
 #include <vector>
 
+#include "slimshard/comm.h"
 #include "slimshard/sharded_param.h"
 
 namespace slimshard {
 
-class Communicator;
-class Work;
 class Prefetcher;
 
 // Keeps a model's ShardedParams in step across ranks, each with its own strategy: identical initial weights
@@ -25,6 +24,8 @@ class Prefetcher;
 //   zero1 the full gradient accumulates over micro-batches and is reduce-scattered on the last one.
 //   zero2/zero3 each micro-batch's gradient is reduce-scattered as soon as it exists and then freed.
 //   zero1/zero2 updated shards are all-gathered in place after the optimizer step; zero3 gathers on use.
+//   hsdp/hsdp2 as zero3/zero2 among the ranks of one host; the owned slice of each gradient is then averaged
+//   with the ranks of the same local index on the other hosts (all-reduce among peers).
 //   Small sharded params (Options::fuse_bytes) go together per block and strategy: their reduce-scatter
 //   when the last of them has its gradient, their gathers in one collective (fusion_groups()).
 class DataParallel {
@@ -84,6 +85,9 @@ class DataParallel {
   void on_grad_ready(ShardedParam& p);
   // A fused group's gradients of this micro-batch (all it will get): one reduce-scatter.
   void flush_group(size_t g);
+  // The ranks a param's shards are spread over, and whether its owned slice is also averaged across hosts.
+  Group shard_group(Strategy s) const { return shards_within_host(s) ? Group::host : Group::world; }
+  bool across_hosts(Strategy s) const { return shards_within_host(s) && comm_.topology().hosts > 1; }
   // Whether gradient `g` travels in a narrower dtype than it is accumulated in.
   bool narrow_wire(const at::Tensor& g) const {
     return reduce_ == at::kBFloat16 && g.scalar_type() == at::kFloat;

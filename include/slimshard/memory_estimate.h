@@ -51,13 +51,15 @@ ActivationMoments activation_moments(const ActivationProfile& act, const std::ve
 // and optimizer state; in mixed precision also the working copies (and DDP's bf16 bucket to reduce in).
 struct ChoiceMemory {
   int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;
-  // The largest owned block, fp32: what the optimizer allocates per step.
+  // What the optimizer allocates while it steps: the largest owned block, fp32 (SGD, Slim-DP); none for
+  // AdamW's fused pass.
   int64_t optimizer_scratch_bytes = 0;
   int64_t persistent() const { return param_bytes + grad_bytes + optim_bytes; }
 };
 // `param_numels`: the op's params at splits=1 (weight, bias); with splits k each is cut into k blocks.
+// Hybrid strategies shard over the `per_host` ranks of a host (0: one host, the whole world).
 ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c, int world, int optim_states,
-                           const Precision& prec = {});
+                           const Precision& prec = {}, int per_host = 0);
 
 // Transient bytes at each moment, simulated as the engine runs a step (nn/ops.cpp, shard/data_parallel.cpp,
 // shard/prefetcher.cpp): zero3's gathered blocks — the op's own and what the prefetcher has issued ahead in
@@ -72,13 +74,14 @@ struct TransientMoments {
 };
 TransientMoments simulate_transients(const std::vector<OpShape>& ops, const std::vector<OpChoice>& choices,
                                      int world, int prefetch, int64_t accum, const Precision& prec = {},
-                                     int64_t fuse_bytes = 0);
+                                     int64_t fuse_bytes = 0, int per_host = 0);
 // What the search charges op `i` under `c`: its moments when every other op takes c's strategy (and its
 // splits where it is a linear op they divide) — exact for such uniform plans, the neighbours' own moments
 // covering most of what differs in others (the search checks its result with simulate_transients).
 OpMoments transients_in_uniform_neighbourhood(const std::vector<OpShape>& ops, size_t i, OpChoice c,
                                               int world, int prefetch, int64_t accum,
-                                              const Precision& prec = {}, int64_t fuse_bytes = 0);
+                                              const Precision& prec = {}, int64_t fuse_bytes = 0,
+                                              int per_host = 0);
 
 // The peak of a plan and the moment it falls at.
 struct PeakBreakdown {
@@ -109,7 +112,7 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const std::vector<OpShape>& ops,
                                const std::map<std::string, OpChoice>& choices, int world, int prefetch,
                                int optim_states, int64_t accum, const ActivationProfile& act,
-                               const Precision& prec = {}, int64_t fuse_bytes = 0);
+                               const Precision& prec = {}, int64_t fuse_bytes = 0, int per_host = 0);
 // The per-op table and the totals, as `slimshard memory` prints them; and as JSON.
 void print_memory_estimate(const MemoryEstimate& est);
 nlohmann::json memory_estimate_json(const MemoryEstimate& est, int world);

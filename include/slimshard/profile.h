@@ -38,6 +38,7 @@ std::vector<OpProfile> unmeasured(const std::vector<OpShape>& shapes);
 struct Profile {
   nlohmann::json machine;
   int world = 1, threads = 1;
+  int hosts = 1, ranks_per_host = 0;  // where it was taken (0: one host)
   std::string libtorch, date;
   ModelConfig model;
   Precision precision;  // what the ops ran in and the collectives would carry (a plan must match it)
@@ -45,8 +46,10 @@ struct Profile {
   std::vector<OpProfile> ops;                          // model order
   std::map<int64_t, double> loss_fwd_ms, loss_bwd_ms;  // after the last op: loss; backward's tail
   std::map<int64_t, int64_t> loss_act_bytes, backward_extra_bytes;
-  std::map<int64_t, int64_t> loss_peak_bytes;        // the activation peak while the loss runs
-  std::map<std::string, CollectiveFit> collectives;  // all_gather, reduce_scatter, all_reduce
+  std::map<int64_t, int64_t> loss_peak_bytes;  // the activation peak while the loss runs
+  // all_gather, reduce_scatter, all_reduce (the world's); with several hosts also host_all_gather,
+  // host_reduce_scatter (among a host's ranks) and peers_all_reduce (among the peers across hosts)
+  std::map<std::string, CollectiveFit> collectives;
   double overlap_slowdown = 1;        // compute time while communication runs / compute time alone
   double collective_overhead_ms = 0;  // latency of a zero3 gather waited for among busy threads (fitted)
   // What a real zero1 / zero2 step took beyond the model's prediction (largest micro-batch), spread over the

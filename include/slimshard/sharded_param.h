@@ -16,21 +16,36 @@ namespace slimshard {
 class ShardedParam;
 
 // slim: replicated like ddp, but gradients stay local; Slim-DP (src/slim) synchronises the weights lightly.
-enum class Strategy { ddp, zero1, zero2, zero3, slim };
+// hsdp / hsdp2: hybrid sharding (PyTorch's HYBRID_SHARD, ZeRO++'s hpZ): zero3 / zero2 among the ranks of one
+// host, replicated across hosts — the owned gradient slice all-reduced among the ranks of the same local
+// index.
+enum class Strategy { ddp, zero1, zero2, zero3, slim, hsdp, hsdp2 };
 const char* strategy_name(Strategy s);
-// Throws UsageError naming `what` for anything but ddp|zero1|zero2|zero3|slim.
+// Throws UsageError naming `what` for anything but ddp|zero1|zero2|zero3|slim|hsdp|hsdp2.
 Strategy parse_strategy(const std::string& s, const std::string& what);
 
 // Every rank holds the whole param, its whole gradient and optimizer state, and steps all of it (ddp, slim).
 constexpr bool is_replicated(Strategy s) { return s == Strategy::ddp || s == Strategy::slim; }
-// The optimizer state and the owned gradient are a 1/N slice (zero1, zero2, zero3).
+// The optimizer state and the owned gradient are a slice (zero1, zero2, zero3: 1/N; hsdp, hsdp2: 1/R).
 constexpr bool is_sharded(Strategy s) { return !is_replicated(s); }
-// The full gradient lives only until it is reduce-scattered, every micro-batch (zero2, zero3).
-constexpr bool frees_full_grad(Strategy s) { return s == Strategy::zero2 || s == Strategy::zero3; }
-// The full param exists only between materialize() and release() (zero3).
-constexpr bool gathers_on_use(Strategy s) { return s == Strategy::zero3; }
-// The full param stays resident and is all-gathered from the updated slices after each step (zero1, zero2).
-constexpr bool gathers_after_step(Strategy s) { return s == Strategy::zero1 || s == Strategy::zero2; }
+// Sharded among the R ranks of the host, not all N (hsdp, hsdp2).
+constexpr bool shards_within_host(Strategy s) { return s == Strategy::hsdp || s == Strategy::hsdp2; }
+// The full gradient lives only until it is reduce-scattered, every micro-batch (zero2, zero3, hsdp, hsdp2).
+constexpr bool frees_full_grad(Strategy s) {
+  return s == Strategy::zero2 || s == Strategy::zero3 || shards_within_host(s);
+}
+// The full param exists only between materialize() and release() (zero3, hsdp).
+constexpr bool gathers_on_use(Strategy s) { return s == Strategy::zero3 || s == Strategy::hsdp; }
+// The full param stays resident and is all-gathered from the updated slices after each step (zero1, zero2,
+// hsdp2).
+constexpr bool gathers_after_step(Strategy s) {
+  return s == Strategy::zero1 || s == Strategy::zero2 || s == Strategy::hsdp2;
+}
+// The ranks a param under `s` is sharded over: all `world`, or (hybrid) the `per_host` of its host (0: one
+// host, all of them).
+constexpr int shard_ranks(Strategy s, int world, int per_host) {
+  return shards_within_host(s) && per_host > 0 ? per_host : world;
+}
 
 // The floating-point formats of a run, as FSDP's MixedPrecision: the fp32 master and optimizer state stay on
 // the rank that owns them; forward and backward use a working copy in `compute` (gathered in that dtype), and
@@ -50,9 +65,10 @@ const char* float_type_name(at::ScalarType t);
 
 // Elements of a tensor of `numel` padded to a multiple of `world` (how sharded params are laid out).
 constexpr int64_t padded_numel(int64_t numel, int world) { return (numel + world - 1) / world * world; }
-// Elements of a tensor of `numel` this rank owns and steps under `s`: all of it, or its 1/N slice.
-constexpr int64_t owned_numel(Strategy s, int64_t numel, int world) {
-  return is_replicated(s) ? numel : padded_numel(numel, world) / world;
+// Elements of a tensor of `numel` this rank owns and steps under `s`: all of it, or its slice of the
+// `ranks` it is sharded over (shard_ranks()).
+constexpr int64_t owned_numel(Strategy s, int64_t numel, int ranks) {
+  return is_replicated(s) ? numel : padded_numel(numel, ranks) / ranks;
 }
 
 // Where a zero3 param's full value comes from when an op materializes it: the Prefetcher (gathers K ahead).

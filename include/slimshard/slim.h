@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@ namespace slimshard {
 
 class Communicator;
 class ShardedParam;
+class Work;
 
 struct SlimOptions {
   int period = 1;           // τ: steps per communication round
@@ -34,6 +36,10 @@ struct SlimOptions {
   // rounding remainder in its weights so that it travels in a later round (error feedback)
   std::string wire = "fp32";
   int wire_bytes() const { return wire == "bf16" ? 2 : 4; }  // per exchanged element
+  // next: a round's exchange runs while the next step computes, and its average is applied after that step,
+  // keeping the rank's progress made meanwhile (w += mean − sent); now: the step waits for the exchange and
+  // applies it at once (the original order). docs/slim-dp.md.
+  std::string apply = "next";
 };
 
 class SlimSync {
@@ -87,6 +93,13 @@ class SlimSync {
   // Packs the selected deltas as Wire, averages them across ranks and applies the average.
   template <class Wire>
   void exchange(std::vector<Wire>& packed, int64_t count);
+  // --slim-apply next: the round packs and starts its all-reduce (launch); the next round, a full sync or a
+  // divergence check first waits for it and applies it (finish).
+  template <class Wire>
+  void launch(std::vector<Wire>& packed, std::vector<Wire>& sent, int64_t count);
+  template <class Wire>
+  void finish(std::vector<Wire>& packed, const std::vector<Wire>& sent);
+  void finish_pending();
 
   Communicator& comm_;
   SlimOptions o_;
@@ -100,6 +113,9 @@ class SlimSync {
   std::vector<uint8_t> selected_;  // this round's core ∪ explorer
   std::vector<float> packed_;      // this round's selected deltas, then their average (fp32 wire)
   std::vector<c10::BFloat16> packed16_;  // the same, bf16 wire
+  std::vector<float> sent_;              // apply=next: what this rank put on the wire, until applied
+  std::vector<c10::BFloat16> sent16_;
+  std::shared_ptr<Work> pending_;  // apply=next: the round in flight
   double last_fraction_ = 0;
   uint64_t digest_ = kFnvOffset;
 };

@@ -50,6 +50,7 @@ struct TrainOptions {
   int64_t fuse_bytes = 256 << 10;  // sharded params up to this size are gathered/reduced per block together
   SlimOptions slim;                // for ops whose strategy is slim
   bool allow_slim = false;         // osdp: the search may choose slim for replicated ops
+  bool allow_hybrid = true;        // osdp across hosts: the search may choose hsdp, hsdp2
   // Checkpoints: every save_every steps (0 = only at the end and on exit-after) into ckpt_dir, keeping the
   // newest keep_last; resume from the newest complete checkpoint under `resume`.
   std::string ckpt_dir;
@@ -95,8 +96,8 @@ struct TrainSummary {
 // Runs on every rank of `comm` (a world of one without mpirun); rank 0 prints.
 TrainSummary train(const TrainOptions& opts, Communicator& comm);
 
-// What the planner knows of this run at `world` ranks.
-RunSpec run_spec(const TrainOptions& opts, int world);
+// What the planner knows of this run at `world` ranks, `ranks_per_host` on each host (0: one host).
+RunSpec run_spec(const TrainOptions& opts, int world, int ranks_per_host = 0);
 
 // measure_profile + calibrate_profile with real training steps (the same step train() takes): what
 // `slimshard profile` writes and `--strategy osdp` plans from. Every rank of `comm` calls it.

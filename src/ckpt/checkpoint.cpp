@@ -152,7 +152,8 @@ class PieceReader {
 }  // namespace
 
 std::vector<TensorPiece> param_pieces(const std::vector<ShardedParam*>& params,
-                                      const std::function<NamedTensors(const ShardedParam*)>& extra) {
+                                      const std::function<NamedTensors(const ShardedParam*)>& extra,
+                                      bool first_host) {
   // Split ops keep row blocks "w#0", "w#1", ...: consecutive ranges of the flattened logical tensor "w".
   std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> logical;  // name -> (numel so far, shape)
   std::vector<std::pair<std::string, int64_t>> where;                       // per param: logical name, offset
@@ -181,6 +182,7 @@ std::vector<TensorPiece> param_pieces(const std::vector<ShardedParam*>& params,
       piece.data = t.reshape({-1}).slice(0, 0, len);
       piece.replicated = full && !per_rank;
       piece.per_rank = per_rank;
+      piece.saved = first_host || !shards_within_host(p->strategy());
       out.push_back(piece);
     };
     add(where[i].first, p->master(), false);
@@ -206,6 +208,7 @@ nlohmann::json write_rank_file(const std::string& partial, int rank, int world,
   nlohmann::json listed = nlohmann::json::array();
   std::vector<int64_t> assigned(static_cast<size_t>(world), 0);
   for (const TensorPiece& p : pieces) {
+    if (!p.saved) continue;
     if (p.replicated) {
       const auto owner = std::min_element(assigned.begin(), assigned.end()) - assigned.begin();
       assigned[static_cast<size_t>(owner)] += p.data.numel();

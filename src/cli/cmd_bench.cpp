@@ -70,7 +70,8 @@ Runner add_bench(CLI::App& app) {
   sub->add_option("-n,--ranks", flags->ranks, "ranks per run")
       ->capture_default_str()
       ->check(integer(1, 4096));
-  sub->add_option("--strategies", flags->strategies, "comma-separated strategies and plan files")
+  sub->add_option("--strategies", flags->strategies,
+                  "comma-separated strategies (osdp, osdp-nohybrid too) and plan files")
       ->capture_default_str();
   sub->add_option("--json", flags->json, "write the results as JSON");
   sub->add_option("--repeat", flags->repeat, "run every entry this many times, round-robin; report medians")

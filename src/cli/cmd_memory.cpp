@@ -11,7 +11,7 @@ namespace slimshard::cli {
 Runner add_memory(CLI::App& app) {
   struct Flags {
     TrainFlags t;
-    int world = 1;
+    int world = 1, per_host = 0;
     std::string json;
   };
   auto flags = std::make_shared<Flags>();
@@ -22,9 +22,13 @@ Runner add_memory(CLI::App& app) {
   add_model_flags(sub, flags->t);
   TrainOptions& train = flags->t.train;
   sub->add_option("--world", flags->world, "ranks")->capture_default_str()->check(integer(1, 1 << 20));
-  sub->add_option("--strategy", train.strategy, "ddp | zero1 | zero2 | zero3 | slim for every op")
+  sub->add_option("--strategy", train.strategy,
+                  "ddp | zero1 | zero2 | zero3 | slim | hsdp | hsdp2 for every op")
       ->capture_default_str()
-      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3", "slim"}));
+      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3", "slim", "hsdp", "hsdp2"}));
+  sub->add_option("--ranks-per-host", flags->per_host,
+                  "ranks on each host (hsdp, hsdp2 shard over them; default: all on one host)")
+      ->check(integer(1, 1 << 20));
   sub->add_option("--plan", train.plan_file, "per-op strategies and splits (JSON)");
   sub->add_option("--batch-size", train.batch_size, "global batch in rows")
       ->capture_default_str()
@@ -48,7 +52,11 @@ Runner add_memory(CLI::App& app) {
     train.precision = precision_from_flags(flags->t);
     train.fuse_bytes = static_cast<int64_t>(flags->t.fuse_kib * 1024);
     if (!flags->json.empty()) check_output_file(flags->json, "--json");
-    const MemoryEstimate est = estimate_for(run_spec(train, flags->world));
+    if (flags->per_host > 0 && flags->world % flags->per_host != 0)
+      throw UsageError("--ranks-per-host " + std::to_string(flags->per_host) + " does not divide --world " +
+                       std::to_string(flags->world));
+    const int per_host = flags->per_host > 0 && flags->per_host < flags->world ? flags->per_host : 0;
+    const MemoryEstimate est = estimate_for(run_spec(train, flags->world, per_host));
     std::printf("%s on %d rank(s), %s, %s, per rank:\n", train.model.describe().c_str(), flags->world,
                 train.plan_file.empty() ? ("--strategy " + train.strategy).c_str()
                                         : ("--plan " + train.plan_file).c_str(),

@@ -49,6 +49,8 @@ Runner add_plan(CLI::App& app) {
       ->check(CLI::IsMember({"adamw", "sgd"}));
   sub->add_flag("--no-splits", flags->no_splits, "do not split operators");
   sub->add_flag("--allow-slim", train.allow_slim, "Slim-DP may be chosen for replicated ops (see --slim-*)");
+  sub->add_flag("!--no-hybrid", train.allow_hybrid,
+                "across hosts, do not offer hybrid sharding (hsdp, hsdp2)");
   add_slim_flags(sub, train.slim);
   add_precision_flags(sub, flags->t);
   sub->add_option("--out", flags->out, "plan file to write")->capture_default_str();

@@ -118,6 +118,11 @@ void add_slim_flags(CLI::App* sub, SlimOptions& slim) {
          "remainder for a later round (full synchronisations stay fp32)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  sub->add_option("--slim-apply", slim.apply,
+                  "Slim-DP: next = a round's exchange runs during the next step and is applied after it "
+                  "(overlapped); now = the step waits for the exchange (the original order)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"next", "now"}));
 }
 
 void add_train_flags(CLI::App* sub, TrainFlags& flags) {
@@ -131,14 +136,17 @@ void add_train_flags(CLI::App* sub, TrainFlags& flags) {
   sub->add_option("--val-data", train.data.val_spec,
                   "validation file (default: FILE_val.bin beside FILE_train.bin, "
                   "else the last 10% of --data)");
-  sub->add_option(
-         "--strategy", train.strategy,
-         "ddp | zero1 | zero2 | zero3 | slim for every op, or osdp: profile, plan under --mem-limit, train")
+  sub->add_option("--strategy", train.strategy,
+                  "ddp | zero1 | zero2 | zero3 | slim | hsdp | hsdp2 for every op (hsdp, hsdp2: zero3, zero2 "
+                  "within each "
+                  "host, replicated across hosts), or osdp: profile, plan under --mem-limit, train")
       ->capture_default_str()
-      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3", "slim", "osdp"}));
+      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3", "slim", "hsdp", "hsdp2", "osdp"}));
   add_slim_flags(sub, train.slim);
   add_precision_flags(sub, flags);
   sub->add_flag("--allow-slim", train.allow_slim, "osdp: Slim-DP may be chosen for replicated ops");
+  sub->add_flag("!--no-hybrid", train.allow_hybrid,
+                "osdp across hosts: do not offer hybrid sharding (hsdp, hsdp2)");
   sub->add_option("--profile", train.profile, "osdp: plan from this profile instead of profiling first");
   sub->add_option("--plan", train.plan_file,
                   "per-op strategies and splits from this JSON plan (overrides --strategy)");

@@ -35,9 +35,11 @@ std::unique_ptr<Backend> make_mpi_backend(MPI_Comm comm);
 // watchdog messages ("rank 3 on host b"; default "rank q").
 std::unique_ptr<Backend> make_shm_backend(MPI_Comm comm, int64_t bytes_per_rank,
                                           std::vector<std::string> labels = {});
-// Across hosts with the same number of ranks each (hier_backend.cpp): within a host through a shared-memory
-// window, between hosts plain MPI among the ranks of the same local index.
-std::unique_ptr<Backend> make_hier_backend(MPI_Comm comm, const Topology& topology, int64_t bytes_per_rank);
+// Across hosts with the same number of ranks each (hier_backend.cpp): within a host through `intra` (the
+// host's shared-memory window), between hosts through `across` (MPI among the ranks of the same local index).
+// Both outlive it.
+std::unique_ptr<Backend> make_hier_backend(MPI_Comm comm, const Topology& topology, Backend* intra,
+                                           Backend* across);
 // "rank g on host NAME" for each rank of `t` sharing a host with `rank`, in local order (for the shm
 // backend).
 std::vector<std::string> rank_labels(const Topology& t, int rank);

@@ -161,14 +161,18 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int world() const override { return 1; }
   std::string backend_name() const override { return "local"; }
-  WorkPtr all_reduce(at::Tensor t, ReduceOp) override { return done(Collective::all_reduce, t); }
-  WorkPtr all_gather(at::Tensor out, at::Tensor in, std::function<void()> then) override {
+  WorkPtr all_reduce(at::Tensor t, ReduceOp, std::function<void()> then, Group) override {
+    if (then) then();
+    return done(Collective::all_reduce, t);
+  }
+  WorkPtr all_gather(at::Tensor out, at::Tensor in, std::function<void()> then, Group) override {
     if (out.numel() != in.numel()) throw std::logic_error("all_gather: output must be world × input");
     if (out.data_ptr() != in.data_ptr()) out.copy_(in);
     if (then) then();
     return done(Collective::all_gather, out);
   }
-  WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp, std::function<void()> then) override {
+  WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp, std::function<void()> then,
+                         Group) override {
     if (out.numel() != in.numel()) throw std::logic_error("reduce_scatter: input must be world × output");
     out.copy_(in);
     if (then) then();
@@ -224,36 +228,41 @@ class MpiCommunicator final : public Communicator {
   std::string backend_name() const override { return backend_name_; }
   int64_t staging_bytes() const override { return buffer_bytes_; }
 
-  WorkPtr all_reduce(at::Tensor t, ReduceOp op) override {
+  WorkPtr all_reduce(at::Tensor t, ReduceOp op, std::function<void()> then, Group g) override {
     check_tensor(t, "all_reduce");
-    return enqueue(Collective::all_reduce, t.nbytes(), [t, op](comm::Backend& b) { b.all_reduce(t, op); });
+    return enqueue(Collective::all_reduce, t.nbytes(), g, [t, op, then](comm::Backend& b) {
+      b.all_reduce(t, op);
+      if (then) then();
+    });
   }
-  WorkPtr all_gather(at::Tensor out, at::Tensor in, std::function<void()> then) override {
+  WorkPtr all_gather(at::Tensor out, at::Tensor in, std::function<void()> then, Group g) override {
     check_tensor(out, "all_gather");
     check_tensor(in, "all_gather");
-    if (out.numel() != in.numel() * world_ || out.scalar_type() != in.scalar_type())
-      throw std::logic_error("all_gather: output must be world × input, same dtype");
-    return enqueue(Collective::all_gather, out.nbytes(), [out, in, then](comm::Backend& b) {
+    if (out.numel() != in.numel() * group_size(g) || out.scalar_type() != in.scalar_type())
+      throw std::logic_error("all_gather: output must be group size × input, same dtype");
+    return enqueue(Collective::all_gather, out.nbytes(), g, [out, in, then](comm::Backend& b) {
       b.all_gather(out, in);
       if (then) then();
     });
   }
-  WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op, std::function<void()> then) override {
+  WorkPtr reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op, std::function<void()> then,
+                         Group g) override {
     check_tensor(out, "reduce_scatter");
     check_tensor(in, "reduce_scatter");
-    if (in.numel() != out.numel() * world_ || out.scalar_type() != in.scalar_type())
-      throw std::logic_error("reduce_scatter: input must be world × output, same dtype");
-    return enqueue(Collective::reduce_scatter, in.nbytes(), [out, in, op, then](comm::Backend& b) {
+    if (in.numel() != out.numel() * group_size(g) || out.scalar_type() != in.scalar_type())
+      throw std::logic_error("reduce_scatter: input must be group size × output, same dtype");
+    return enqueue(Collective::reduce_scatter, in.nbytes(), g, [out, in, op, then](comm::Backend& b) {
       b.reduce_scatter(out, in, op);
       if (then) then();
     });
   }
   WorkPtr broadcast(at::Tensor t, int root) override {
     check_tensor(t, "broadcast");
-    return enqueue(Collective::broadcast, t.nbytes(), [t, root](comm::Backend& b) { b.broadcast(t, root); });
+    return enqueue(Collective::broadcast, t.nbytes(), Group::world,
+                   [t, root](comm::Backend& b) { b.broadcast(t, root); });
   }
   WorkPtr barrier() override {
-    return enqueue(Collective::barrier, 0, [](comm::Backend& b) { b.barrier(); });
+    return enqueue(Collective::barrier, 0, Group::world, [](comm::Backend& b) { b.barrier(); });
   }
 
   [[noreturn]] void abort(const std::string& msg, int code) override {
@@ -271,25 +280,32 @@ class MpiCommunicator final : public Communicator {
   struct Task {
     Collective kind;
     int64_t bytes;
+    Group group;
     std::function<void(comm::Backend&)> run;
     std::shared_ptr<WorkImpl> work;
   };
 
-  WorkPtr enqueue(Collective kind, int64_t bytes, std::function<void(comm::Backend&)> run) {
-    const auto [intra, inter] = link_bytes(kind, bytes, topo_, rank_, world_, hierarchical_);
+  WorkPtr enqueue(Collective kind, int64_t bytes, Group g, std::function<void(comm::Backend&)> run) {
+    const auto [intra, inter] =
+        g == Group::world  ? link_bytes(kind, bytes, topo_, rank_, world_, hierarchical_)
+        : g == Group::host ? std::make_pair(ring_bytes(kind, bytes, topo_.local_size), int64_t{0})
+                           : std::make_pair(int64_t{0}, ring_bytes(kind, bytes, topo_.hosts));
     count(kind, intra, inter);
     auto work = std::make_shared<WorkImpl>();
     {
       std::lock_guard<std::mutex> lock(m_);
-      queue_.push_back(Task{kind, bytes, std::move(run), work});
+      queue_.push_back(Task{kind, bytes, g, std::move(run), work});
     }
     cv_.notify_one();
     return work;
   }
 
   void comm_main(std::promise<void>& ready) {
-    std::unique_ptr<comm::Backend> backend;
-    MPI_Comm comm = MPI_COMM_NULL;
+    // The world's backend and those of the two sub-groups (host, peers); host may be the world's own (one
+    // host, shared memory), and the hierarchical backend runs on the two others.
+    std::unique_ptr<comm::Backend> backend, host_backend, peers_backend;
+    comm::Backend* groups[static_cast<int>(Group::count)] = {};
+    MPI_Comm comm = MPI_COMM_NULL, node = MPI_COMM_NULL, cross = MPI_COMM_NULL;
     try {
       int provided = 0;
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
@@ -307,19 +323,29 @@ class MpiCommunicator final : public Communicator {
                          " hosts; use hier, mpi or auto");
       if (opts_.backend == "hier" && !topo_.uniform)
         throw UsageError("--comm-backend hier: the hosts run different numbers of ranks; use mpi or auto");
+      MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+      MPI_Comm_split(comm, topo_.local_rank, topo_.host, &cross);  // a peer's rank = its host's index
+      peers_backend = comm::make_mpi_backend(cross);
       if (opts_.backend == "shm" || (opts_.backend == "auto" && one_host)) {
         backend = comm::make_shm_backend(comm, opts_.shm_bytes, comm::rank_labels(topo_, rank_));
       } else if (opts_.backend == "hier" || (opts_.backend == "auto" && topo_.uniform)) {
-        backend = comm::make_hier_backend(comm, topo_, opts_.shm_bytes);
+        host_backend = comm::make_shm_backend(node, opts_.shm_bytes, comm::rank_labels(topo_, rank_));
+        backend = comm::make_hier_backend(comm, topo_, host_backend.get(), peers_backend.get());
         hierarchical_ = true;
       } else {
         backend = comm::make_mpi_backend(comm);
+        host_backend = comm::make_mpi_backend(node);
       }
+      groups[static_cast<int>(Group::world)] = backend.get();
+      groups[static_cast<int>(Group::host)] = host_backend ? host_backend.get() : backend.get();
+      groups[static_cast<int>(Group::peers)] = peers_backend.get();
       backend_name_ = backend->name();
-      buffer_bytes_ = backend->buffer_bytes();
-      backend_ = backend.get();
+      buffer_bytes_ = backend->buffer_bytes() + (host_backend ? host_backend->buffer_bytes() : 0);
     } catch (...) {
       ready.set_exception(std::current_exception());
+      backend.reset(), host_backend.reset(), peers_backend.reset();
+      for (MPI_Comm* c : {&node, &cross})
+        if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
       if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
       int init = 0;
       MPI_Initialized(&init);
@@ -337,14 +363,16 @@ class MpiCommunicator final : public Communicator {
         task = std::move(queue_.front());
         queue_.pop_front();
       }
-      backend->publish_step(step_.load());
+      comm::Backend* b = groups[static_cast<int>(task.group)];
+      for (comm::Backend* g : groups) g->publish_step(step_.load());
+      backend_ = b;
       inflight_kind_.store(static_cast<int>(task.kind));
       inflight_bytes_.store(task.bytes);
       inflight_seq_.store(seq_);
       inflight_start_ns_.store(now_ns());
       std::exception_ptr err;
       try {
-        task.run(*backend);
+        task.run(*b);
       } catch (...) {
         err = std::current_exception();
       }
@@ -356,7 +384,11 @@ class MpiCommunicator final : public Communicator {
       task.work->finish(err);
     }
     backend_ = nullptr;
-    backend.reset();  // frees the shared window (collective)
+    backend.reset();  // frees the shared window (collective); the hierarchical one uses the two below
+    host_backend.reset();
+    peers_backend.reset();
+    MPI_Comm_free(&node);
+    MPI_Comm_free(&cross);
     MPI_Comm_free(&comm);
     MPI_Finalize();
   }
@@ -425,41 +457,48 @@ std::vector<int64_t> packed_offsets(const std::vector<at::Tensor>& ts, int64_t* 
 
 // One all-gather of every ins[i] packed: rank r's block of the result holds its ins in order; outs[i]'s slot
 // r is the i-th piece of block r.
-WorkPtr Communicator::all_gather_coalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins) {
+WorkPtr Communicator::all_gather_coalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins,
+                                           Group g) {
   if (outs.size() != ins.size() || ins.empty())
     throw std::logic_error("all_gather_coalesced: one out per in");
   int64_t m = 0;
   const std::vector<int64_t> off = packed_offsets(ins, &m, "all_gather_coalesced");
-  const int W = world();
+  const int W = group_size(g);
   at::Tensor packed_in = at::empty({m}, ins.front().options());
   for (size_t i = 0; i < ins.size(); ++i)
     packed_in.narrow(0, off[i], ins[i].numel()).copy_(ins[i].view({-1}));
   at::Tensor packed_out = at::empty({W * m}, ins.front().options());
-  return all_gather(packed_out, packed_in, [packed_out, outs, ins, off, W, m] {
-    const at::Tensor blocks = packed_out.view({W, m});
-    for (size_t i = 0; i < outs.size(); ++i)
-      outs[i].view({W, ins[i].numel()}).copy_(blocks.narrow(1, off[i], ins[i].numel()));
-  });
+  return all_gather(
+      packed_out, packed_in,
+      [packed_out, outs, ins, off, W, m] {
+        const at::Tensor blocks = packed_out.view({W, m});
+        for (size_t i = 0; i < outs.size(); ++i)
+          outs[i].view({W, ins[i].numel()}).copy_(blocks.narrow(1, off[i], ins[i].numel()));
+      },
+      g);
 }
 
 // One reduce-scatter of every ins[i] packed so that rank r's block holds each input's slice r in order.
 WorkPtr Communicator::reduce_scatter_coalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins,
-                                               ReduceOp op, std::function<void()> then) {
+                                               ReduceOp op, std::function<void()> then, Group g) {
   if (outs.size() != ins.size() || ins.empty())
     throw std::logic_error("reduce_scatter_coalesced: one out per in");
   int64_t m = 0;
   const std::vector<int64_t> off = packed_offsets(outs, &m, "reduce_scatter_coalesced");
-  const int W = world();
+  const int W = group_size(g);
   at::Tensor packed_in = at::empty({W * m}, ins.front().options());
   const at::Tensor blocks = packed_in.view({W, m});
   for (size_t i = 0; i < ins.size(); ++i)
     blocks.narrow(1, off[i], outs[i].numel()).copy_(ins[i].view({W, outs[i].numel()}));
   at::Tensor packed_out = at::empty({m}, outs.front().options());
-  return reduce_scatter(packed_out, packed_in, op, [packed_out, outs, off, then] {
-    for (size_t i = 0; i < outs.size(); ++i)
-      outs[i].view({-1}).copy_(packed_out.narrow(0, off[i], outs[i].numel()));
-    if (then) then();
-  });
+  return reduce_scatter(
+      packed_out, packed_in, op,
+      [packed_out, outs, off, then] {
+        for (size_t i = 0; i < outs.size(); ++i)
+          outs[i].view({-1}).copy_(packed_out.narrow(0, off[i], outs[i].numel()));
+        if (then) then();
+      },
+      g);
 }
 
 std::string agree_on_error(Communicator& comm, const std::string& error) {

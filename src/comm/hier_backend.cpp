@@ -29,13 +29,10 @@ namespace {
 
 class HierBackend final : public Backend {
  public:
-  HierBackend(MPI_Comm comm, const Topology& t, int64_t bytes_per_rank) : comm_(comm), t_(t) {
+  HierBackend(MPI_Comm comm, const Topology& t, Backend* intra, Backend* across)
+      : comm_(comm), t_(t), intra_(intra), across_(across) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &world_);
-    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_);
-    MPI_Comm_split(comm_, t_.local_rank, t_.host, &cross_);  // cross rank = host index
-    intra_ = make_shm_backend(node_, bytes_per_rank, rank_labels(t_, rank_));
-    across_ = make_mpi_backend(cross_);
     H_ = t_.hosts, R_ = t_.local_size;
     for (int r = 0; r < R_; ++r)
       for (int h = 0; h < H_; ++h) order_.push_back(t_.rank_at(h, r));
@@ -46,15 +43,7 @@ class HierBackend final : public Backend {
                " on host " + t_.host_names[static_cast<size_t>(h)];
     across_peers_ = "the step between hosts (" + peers + ")";
   }
-  ~HierBackend() override {
-    intra_.reset();  // frees the window (collective over the host)
-    across_.reset();
-    MPI_Comm_free(&node_);
-    MPI_Comm_free(&cross_);
-  }
-
   std::string name() const override { return "hier"; }
-  int64_t buffer_bytes() const override { return intra_->buffer_bytes(); }
   void publish_step(int64_t step) override { intra_->publish_step(step); }
   std::string waiting_on() const override {
     return across_busy_.load() ? across_peers_ + " or the network" : intra_->waiting_on();
@@ -128,10 +117,11 @@ class HierBackend final : public Backend {
     across_busy_.store(false);
   }
 
-  MPI_Comm comm_, node_ = MPI_COMM_NULL, cross_ = MPI_COMM_NULL;
+  MPI_Comm comm_;
   Topology t_;
+  Backend* intra_;   // the host's ranks (shared memory); not owned
+  Backend* across_;  // this rank's peers on the other hosts (MPI); not owned
   int rank_ = 0, world_ = 1, H_ = 1, R_ = 1;
-  std::unique_ptr<Backend> intra_, across_;
   std::vector<int> order_;  // slot r·H + h → the rank with local index r on host h
   bool identity_ = true;
   std::string across_peers_;
@@ -140,9 +130,10 @@ class HierBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_hier_backend(MPI_Comm comm, const Topology& topology, int64_t bytes_per_rank) {
+std::unique_ptr<Backend> make_hier_backend(MPI_Comm comm, const Topology& topology, Backend* intra,
+                                           Backend* across) {
   if (!topology.uniform) throw std::logic_error("hier backend: hosts with different numbers of ranks");
-  return std::make_unique<HierBackend>(comm, topology, bytes_per_rank);
+  return std::make_unique<HierBackend>(comm, topology, intra, across);
 }
 
 }  // namespace slimshard::comm

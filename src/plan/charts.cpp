@@ -29,6 +29,10 @@ const char* strategy_color(Strategy s) {
       return palette(3);
     case Strategy::zero3:
       return palette(4);
+    case Strategy::hsdp:
+      return palette(5);
+    case Strategy::hsdp2:
+      return palette(6);
   }
   return "#999";
 }
@@ -50,6 +54,7 @@ struct Row {
   bool mixed = false;
   std::string choice;
   double persistent = 0, transient = 0, activations = 0;
+  double intra = 0, inter = 0;  // bytes per step per rank, within a host and between hosts
   int count = 0;
 };
 
@@ -74,6 +79,7 @@ std::vector<Row> memory_rows(const CostModel& model, const SearchResult& plan, b
     Row& r = rows[it->second];
     if (r.choice != choice) r.mixed = true;
     r.persistent += static_cast<double>(cc.mem.persistent());
+    r.intra += cc.intra_bytes, r.inter += cc.inter_bytes;
     r.transient = std::max(r.transient, static_cast<double>(cc.transient_bytes));
     r.activations += static_cast<double>(
         ops[i].act_bytes.count(plan.cost.micro_batch) ? ops[i].act_bytes.at(plan.cost.micro_batch) : 0);
@@ -90,11 +96,11 @@ void legend_box(std::ostringstream& s, int x, int y, const char* fill, const std
 constexpr int kLeft = 260, kBarWidth = 560, kRowHeight = 18;
 constexpr double kMiB = 1024.0 * 1024.0;
 
-void draw_memory(std::ostringstream& s, const std::vector<Row>& rows, int top, bool grouped) {
+void draw_memory(std::ostringstream& s, const std::vector<Row>& rows, int top, bool grouped, bool hosts) {
   s << "<text x='20' y='" << top - 12 << "' font-weight='bold'>Memory per rank by op"
     << (grouped ? " (blocks summed over layers)" : "") << "</text>\n";
   int lx = kLeft + 200;
-  for (Strategy st : {Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3}) {
+  for (Strategy st : {Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3, Strategy::hsdp}) {
     legend_box(s, lx, top - 24, strategy_color(st), strategy_name(st));
     lx += 70;
   }
@@ -121,7 +127,10 @@ void draw_memory(std::ostringstream& s, const std::vector<Row>& rows, int top, b
       x += w;
     }
     s << "<text x='" << num(x + 6) << "' y='" << y + 13 << "' fill='#555'>"
-      << num((r.persistent + r.transient + r.activations) / kMiB) << " MiB</text>\n";
+      << num((r.persistent + r.transient + r.activations) / kMiB) << " MiB";
+    if (hosts)  // what the op sends per step on each link
+      s << " · sends " << num(r.intra / kMiB, 2) << " MiB in host, " << num(r.inter / kMiB, 2) << " between";
+    s << "</text>\n";
   }
 }
 
@@ -178,15 +187,16 @@ std::string plan_svg(const CostModel& model, const SearchResult& plan,
     << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n";
   s << "<text x='20' y='28' font-size='18' font-weight='bold'>OSDP plan: "
     << xml_escape(model.model().describe()) << "</text>\n";
-  s << "<text x='20' y='50'>" << model.options().world << " ranks, global batch "
-    << model.options().global_batch << ", micro-batch " << plan.cost.micro_batch << " (" << plan.cost.accum
-    << " per step), costs from " << xml_escape(model.source()) << "</text>\n";
+  s << "<text x='20' y='50'>" << model.options().world << " ranks"
+    << (model.options().hosts() > 1 ? " on " + std::to_string(model.options().hosts()) + " hosts" : "")
+    << ", global batch " << model.options().global_batch << ", micro-batch " << plan.cost.micro_batch << " ("
+    << plan.cost.accum << " per step), costs from " << xml_escape(model.source()) << "</text>\n";
   s << "<text x='20' y='70'>predicted peak per rank " << num(plan.cost.peak_bytes / kMiB)
     << " MiB (persistent " << num(plan.cost.persistent_bytes / kMiB) << " + activations "
     << num(plan.cost.activation_bytes / kMiB) << " + largest transient "
     << num(plan.cost.transient_bytes / kMiB) << "), step " << num(plan.cost.step_ms) << " ms, "
     << num(plan.cost.tokens_per_s, 0) << " tokens/s</text>\n";
-  draw_memory(s, rows, top, group);
+  draw_memory(s, rows, top, group, model.options().hosts() > 1);
   draw_throughput(s, plan, baselines, thr_top);
   s << "</svg>\n";
   return s.str();

@@ -56,6 +56,7 @@ CostModel CostModel::from_profile(const Profile& p, const CostOptions& o) {
                      float_type_name(o.precision.reduce) + ")");
   CostModel m;
   m.o_ = o;
+  if (m.o_.ranks_per_host == 0) m.o_.ranks_per_host = p.ranks_per_host;  // planned where it was measured
   m.model_ = p.model;
   m.ops_ = p.ops;
   m.shapes_.assign(m.ops_.begin(), m.ops_.end());
@@ -85,17 +86,29 @@ CostModel CostModel::from_cluster(const ClusterSpec& c, const ModelConfig& cfg, 
   m.source_ = "cluster spec " + c.name;
   const double flops = c.peak_flops * c.achievable_fraction;
   const double e = c.activation_bytes_per_element;
-  const bool one_node = o.world <= c.devices_per_node;
-  const double bw = one_node ? c.intra_bandwidth : std::min(c.intra_bandwidth, c.inter_bandwidth);
-  const double lat = one_node ? c.intra_latency : c.inter_latency;
-  const double W = o.world, share = (W - 1) / W;
-  auto ring = [&](double steps_factor) {
-    CollectiveFit f;
-    f.alpha_ms = steps_factor * (W - 1) * lat * 1e3;
-    f.beta_ms_per_byte = steps_factor * share / bw * 1e3;
+  // Collectives as the engine runs them: within a node a ring over its R devices on the intra link; across
+  // nodes hierarchically — that ring, then a ring over the H nodes on 1/R of the bytes on the inter link.
+  const double R = std::min(o.world, c.devices_per_node), H = std::max(1.0, o.world / R);
+  m.o_.ranks_per_host = o.world > c.devices_per_node ? c.devices_per_node : 0;
+  auto ring = [&](double steps_factor, double n, double bw, double lat, double bytes_share) {
+    CollectiveFit f;  // bytes_share: the part of the tensor this ring carries (1/R across nodes)
+    if (n <= 1) return f;
+    f.alpha_ms = steps_factor * (n - 1) * lat * 1e3;
+    f.beta_ms_per_byte = steps_factor * (n - 1) / n * bytes_share / bw * 1e3;
     return f;
   };
-  m.coll_["all_gather"] = ring(1), m.coll_["reduce_scatter"] = ring(1), m.coll_["all_reduce"] = ring(2);
+  auto both = [&](double steps_factor) {
+    CollectiveFit in = ring(steps_factor, R, c.intra_bandwidth, c.intra_latency, 1),
+                  out = ring(steps_factor, H, c.inter_bandwidth, c.inter_latency, 1 / R);
+    in.alpha_ms += out.alpha_ms, in.beta_ms_per_byte += out.beta_ms_per_byte;
+    return in;
+  };
+  m.coll_["all_gather"] = both(1), m.coll_["reduce_scatter"] = both(1), m.coll_["all_reduce"] = both(2);
+  if (H > 1) {  // hybrid sharding's own: within the node, and among the peers across nodes
+    m.coll_["host_all_gather"] = m.coll_["host_reduce_scatter"] =
+        ring(1, R, c.intra_bandwidth, c.intra_latency, 1);
+    m.coll_["peers_all_reduce"] = ring(2, H, c.inter_bandwidth, c.inter_latency, 1);
+  }
   m.overlap_ = c.overlap_slowdown;
   m.opt_ns_ = 28.0 / c.memory_bandwidth * 1e9;  // AdamW reads param, grad, two states and writes three
   for (int64_t b : micro_batches) {
@@ -154,6 +167,8 @@ std::vector<OpChoice> CostModel::candidates(size_t op) const {
   const OpProfile& p = ops_.at(op);
   std::vector<Strategy> strategies{Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3};
   if (o_.allow_slim) strategies.push_back(Strategy::slim);
+  if (o_.hosts() > 1 && o_.allow_hybrid)
+    strategies.push_back(Strategy::hsdp), strategies.push_back(Strategy::hsdp2);
   for (Strategy s : strategies)
     for (int k : {1, 2, 4, 8}) {
       if (k > 1 && (!o_.allow_splits || p.kind != "linear" || p.out_features % k != 0 || s == Strategy::slim))
@@ -168,10 +183,27 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
   const int64_t local = o_.global_batch / o_.world;
   const double accum = static_cast<double>(local / micro);
   const double fwd = interp(p.fwd_ms, micro), bwd = interp(p.bwd_ms, micro);
-  const CollectiveFit &ag = coll_.at("all_gather"), &rs = coll_.at("reduce_scatter"),
-                      &ar = coll_.at("all_reduce");
+  // Hybrid: gathers and reduce-scatters among the host's ranks (their own fits), then the owned slice
+  // all-reduced among the peers on the other hosts.
+  const bool hybrid = shards_within_host(c.strategy) && o_.hosts() > 1;
+  auto fit = [&](const char* group_name, const char* world_name) -> const CollectiveFit& {
+    auto it = coll_.find(group_name);
+    return hybrid && it != coll_.end() ? it->second : coll_.at(world_name);
+  };
+  const CollectiveFit &ag = fit("host_all_gather", "all_gather"),
+                      &rs = fit("host_reduce_scatter", "reduce_scatter"), &ar = coll_.at("all_reduce");
+  const CollectiveFit* peers = coll_.count("peers_all_reduce") ? &coll_.at("peers_all_reduce") : nullptr;
+  const int ranks = shard_ranks(c.strategy, o_.world, o_.per_host());
   double t_ag = 0, t_gather = 0, t_rs = 0, t_ar = 0, owned = 0;
   const bool multi = o_.world > 1;
+  // Bytes per link (comm.h): a world collective runs hierarchically across hosts — rings over the R ranks of
+  // the host and over the H hosts on 1/R; a host one stays in the host; a peers one crosses.
+  const int R = o_.per_host(), H = o_.hosts();
+  double intra = 0, inter = 0;
+  auto ring = [](double bytes, int n, double times) { return n > 1 ? times * (n - 1) * bytes / n : 0.0; };
+  auto world_bytes = [&](double bytes, double times) {  // times = 2 for an all-reduce
+    intra += ring(bytes, R, times), inter += ring(bytes / R, H, times);
+  };
   // zero3's gathers are waited for one at a time while compute runs: each pays the measured latency of a
   // collective issued among busy threads instead of the fit's α (from back-to-back collectives, threads
   // awake). Reductions and the after-step gathers go back to back and keep α.
@@ -180,18 +212,44 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
   const double wb = o_.precision.compute_bytes(), gb = o_.precision.reduce_bytes();
   for (int64_t numel : p.param_numels) {
     const int64_t n = numel / c.splits;
-    const double padded = static_cast<double>(padded_numel(n, o_.world));
+    const double padded = static_cast<double>(padded_numel(n, ranks));
     if (multi) {
       t_ag += c.splits * ag.ms(wb * padded);
       t_gather += c.splits * (std::max(ag.alpha_ms, lat) + ag.beta_ms_per_byte * wb * padded);
-      t_rs += c.splits * rs.ms(gb * padded);
+      t_rs += c.splits * (rs.ms(gb * padded) + (hybrid && peers ? peers->ms(gb * padded / ranks) : 0.0));
       // DDP fuses gradients into buckets: bandwidth for these bytes, latency for their share of a bucket.
       const double bytes = gb * static_cast<double>(n);
       t_ar += c.splits * (ar.beta_ms_per_byte * bytes +
                           ar.alpha_ms * std::min(1.0, bytes / static_cast<double>(o_.bucket_bytes)));
     }
     // Replicated ops (ddp, slim) step every element on every rank; sharded ones their shard.
-    owned += c.splits * static_cast<double>(owned_numel(c.strategy, n, o_.world));
+    owned += c.splits * static_cast<double>(owned_numel(c.strategy, n, ranks));
+    // What goes on each link per step (the slim round is counted below).
+    const double k = c.splits, w = wb * padded, g = gb * padded;
+    const double micro_batches = accum;
+    switch (c.strategy) {
+      case Strategy::ddp:
+        world_bytes(k * gb * static_cast<double>(n), 2);
+        break;
+      case Strategy::zero1:
+        world_bytes(k * g, 1), world_bytes(k * w, 1);
+        break;
+      case Strategy::zero2:
+        world_bytes(k * g * micro_batches, 1), world_bytes(k * w, 1);
+        break;
+      case Strategy::zero3:
+        world_bytes(k * (2 * w + g) * micro_batches, 1);
+        break;
+      case Strategy::hsdp:
+      case Strategy::hsdp2: {
+        const double gathers = c.strategy == Strategy::hsdp ? 2 * micro_batches : 1;
+        intra += ring(k * (gathers * w + micro_batches * g), R, 1);
+        inter += ring(k * micro_batches * g / R, H, 2);
+        break;
+      }
+      case Strategy::slim:
+        break;
+    }
   }
   const double f = overlap_;
   double forward = fwd, backward_mid = bwd, backward_last = bwd, after = 0;
@@ -204,10 +262,12 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
       after = t_ag;
       break;
     case Strategy::zero2:
+    case Strategy::hsdp2:
       backward_mid = backward_last = overlap(bwd, t_rs, f);
       after = t_ag;
       break;
     case Strategy::zero3:
+    case Strategy::hsdp:
       if (o_.prefetch > 0) {
         forward = overlap(fwd, t_gather, f);
         backward_mid = backward_last = overlap(bwd, t_gather + t_rs, f);
@@ -221,18 +281,22 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
       double n = 0;
       for (int64_t numel : p.param_numels) n += static_cast<double>(numel);
       if (multi) after = ar.ms(o_.slim_wire_bytes * n * o_.slim_fraction) / std::max(1, o_.slim_period);
+      world_bytes(o_.slim_wire_bytes * n * o_.slim_fraction / std::max(1, o_.slim_period), 2);
+      // Overlapped (--slim-apply next): under the next step's compute of this op, which it slows.
+      if (o_.slim_overlapped) after = overlap(accum * fwd + bwd, after, f) - (accum * fwd + bwd);
       break;
     }
   }
   ChoiceCost cc;
   cc.choice = c;
+  cc.intra_bytes = multi ? intra : 0, cc.inter_bytes = multi ? inter : 0;
   cc.time_ms = accum * forward + (accum - 1) * backward_mid + backward_last + after + opt_ns_ * owned * 1e-6;
   if (auto it = residual_.find(strategy_name(c.strategy)); it != residual_.end()) {
     double n = 0;
     for (int64_t numel : p.param_numels) n += static_cast<double>(numel);
     cc.time_ms = std::max(0.0, cc.time_ms + it->second * n / param_numel_);
   }
-  cc.mem = choice_memory(p.param_numels, c, o_.world, o_.optim_states, o_.precision);
+  cc.mem = choice_memory(p.param_numels, c, o_.world, o_.optim_states, o_.precision, o_.ranks_per_host);
   const OpMoments t = op_transients(op, c, static_cast<int64_t>(accum)), a = act_moments(p, micro);
   cc.transient_bytes = t.most();
   cc.load_bytes = std::max(std::max(a.before_fwd + t.before_fwd, a.fwd + t.fwd),
@@ -252,8 +316,8 @@ OpMoments CostModel::op_transients(size_t op, OpChoice c, int64_t accum) const {
   const auto key = std::make_tuple(op, static_cast<int>(c.strategy), c.splits, accum > 1);
   auto it = transients_.find(key);
   if (it != transients_.end()) return it->second;
-  return transients_[key] = transients_in_uniform_neighbourhood(shapes_, op, c, o_.world, o_.prefetch, accum,
-                                                                o_.precision, o_.fuse_bytes);
+  return transients_[key] = transients_in_uniform_neighbourhood(
+             shapes_, op, c, o_.world, o_.prefetch, accum, o_.precision, o_.fuse_bytes, o_.ranks_per_host);
 }
 
 ActivationMoments CostModel::activations(int64_t micro) const {
@@ -287,10 +351,10 @@ PlanCost CostModel::evaluate(const std::map<std::string, OpChoice>& choices, int
     plan.push_back(c);
     pc.per_op.push_back(cc);
   }
-  const PeakBreakdown peak = peak_of(
-      persistent, scratch, activations(micro),
-      simulate_transients(shapes_, plan, o_.world, o_.prefetch, pc.accum, o_.precision, o_.fuse_bytes),
-      shapes_);
+  const PeakBreakdown peak = peak_of(persistent, scratch, activations(micro),
+                                     simulate_transients(shapes_, plan, o_.world, o_.prefetch, pc.accum,
+                                                         o_.precision, o_.fuse_bytes, o_.ranks_per_host),
+                                     shapes_);
   pc.peak_bytes = peak.peak, pc.persistent_bytes = peak.persistent;
   pc.activation_bytes = peak.activations, pc.transient_bytes = peak.transient, pc.peak_at = peak.moment;
   pc.samples_per_s = static_cast<double>(o_.global_batch) / (pc.step_ms / 1e3);

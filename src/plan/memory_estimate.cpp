@@ -78,7 +78,7 @@ ActivationMoments activation_moments(const ActivationProfile& act, const std::ve
 }
 
 ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c, int world, int optim_states,
-                           const Precision& prec) {
+                           const Precision& prec, int per_host) {
   constexpr int64_t kF = 4;  // fp32: masters, gradients, optimizer state
   // Mixed precision: the working copy in the compute dtype beside the master (ddp/slim full, zero1/zero2 the
   // full param instead of an fp32 one, zero3 its shard); a bf16 reduce gives DDP buckets a bf16 twin.
@@ -88,8 +88,12 @@ ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c,
   ChoiceMemory m;
   for (int64_t numel : param_numels) {
     const int64_t n = numel / c.splits;  // one block; splits divide the output features, so they divide numel
-    const int64_t padded = padded_numel(n, world), owned = owned_numel(c.strategy, n, world);
-    m.optimizer_scratch_bytes = std::max(m.optimizer_scratch_bytes, kF * owned);
+    const int ranks = shard_ranks(c.strategy, world, per_host);
+    const int64_t padded = padded_numel(n, ranks), owned = owned_numel(c.strategy, n, ranks);
+    // AdamW steps each tensor in one fused pass with no temporaries (optim/adamw_kernel.cpp); SGD and
+    // Slim-DP's corrected AdamW run LibTorch ops that allocate one owned-sized temporary.
+    const bool fused = optim_states == 2 && c.strategy != Strategy::slim;
+    if (!fused) m.optimizer_scratch_bytes = std::max(m.optimizer_scratch_bytes, kF * owned);
     for (int b = 0; b < c.splits; ++b) {
       m.optim_bytes += kF * optim_states * owned;
       switch (c.strategy) {
@@ -101,10 +105,12 @@ ChoiceMemory choice_memory(const std::vector<int64_t>& param_numels, OpChoice c,
           m.grad_bytes += kF * (padded + owned);
           break;
         case Strategy::zero2:
+        case Strategy::hsdp2:
           m.param_bytes += mixed ? kF * owned + kC * padded : kF * padded;
           m.grad_bytes += kF * owned;
           break;
         case Strategy::zero3:
+        case Strategy::hsdp:
           m.param_bytes += kF * owned + (mixed ? kC * owned : 0), m.grad_bytes += kF * owned;
           break;
         case Strategy::slim:
@@ -178,10 +184,11 @@ std::vector<Event> op_events(const OpShape& op, int splits, bool backward) {
 class TransientSim {
  public:
   TransientSim(const std::vector<OpShape>& ops, const std::vector<OpChoice>& choices, int world, int prefetch,
-               int64_t accum, const Precision& prec, int64_t fuse_bytes)
+               int64_t accum, const Precision& prec, int64_t fuse_bytes, int per_host)
       : ops_(ops),
         choices_(choices),
         world_(world),
+        per_host_(per_host),
         depth_(std::max(0, prefetch)),
         accum_(accum),
         gather_bytes_(prec.compute_bytes()),
@@ -213,8 +220,10 @@ class TransientSim {
   // The padded elements of one block of op's param.
   int64_t block_numel(size_t op, int param) const {
     const int64_t n = ops_[op].param_numels.at(static_cast<size_t>(param)) / choices_[op].splits;
-    return padded_numel(n, world_);
+    return padded_numel(n, ranks(op));
   }
+  // The ranks op's params are sharded over (hybrid: the host's).
+  int ranks(size_t op) const { return shard_ranks(choices_[op].strategy, world_, per_host_); }
   int64_t block_bytes(size_t op, int param) const { return 4 * block_numel(op, param); }  // fp32 gradient
   int key(size_t op, const Event& e) const { return base_[op] + 2 * e.block + e.param; }
   int64_t live() const { return gathered_bytes_ + own_bytes_ + flight_bytes_; }
@@ -324,15 +333,16 @@ class TransientSim {
             for (int64_t k : pending) n += k;
             pending.clear();
             if (frees_full_grad(s)) own_bytes_ -= 4 * n;
-            push_flight((narrow_wire_ ? 2 : 4) * (n + 2 * n / world_));  // packed in, packed out, slices
+            push_flight((narrow_wire_ ? 2 : 4) * (n + 2 * n / ranks(i)));  // packed in, packed out, slices
             break;
           }
           int64_t held = 0;  // what travels: the gradient (or its bf16 copy) and the slice it lands in
           if (frees_full_grad(s)) {
             own_bytes_ -= 4 * numel;
             if (world_ == 1 && accum_ == 1) break;  // copied into the owned slice at once
-            held = narrow_wire_ ? 2 * (numel + numel / world_)
-                                : 4 * (numel + (accum_ > 1 ? numel / world_ : 0));  // accumulation: a slice
+            // A slice to land in when accumulating, on a bf16 wire, or for the hybrid step across hosts.
+            const bool slice = accum_ > 1 || narrow_wire_ || (shards_within_host(s) && ranks(i) < world_);
+            held = (narrow_wire_ ? 2 : 4) * (numel + (slice ? numel / ranks(i) : 0));
           } else if (s == Strategy::zero1 && narrow_wire_ && world_ > 1) {
             held = 2 * (numel + numel / world_);  // the bf16 copy of the persistent full gradient
           } else {
@@ -350,7 +360,7 @@ class TransientSim {
 
   const std::vector<OpShape>& ops_;
   const std::vector<OpChoice>& choices_;
-  int world_, depth_;
+  int world_, per_host_, depth_;
   int64_t accum_;
   int64_t gather_bytes_;  // per element gathered: the compute dtype's
   bool narrow_wire_;      // gradients reduced in bf16
@@ -372,13 +382,13 @@ class TransientSim {
 
 TransientMoments simulate_transients(const std::vector<OpShape>& ops, const std::vector<OpChoice>& choices,
                                      int world, int prefetch, int64_t accum, const Precision& prec,
-                                     int64_t fuse_bytes) {
-  return TransientSim(ops, choices, world, prefetch, accum, prec, fuse_bytes).run();
+                                     int64_t fuse_bytes, int per_host) {
+  return TransientSim(ops, choices, world, prefetch, accum, prec, fuse_bytes, per_host).run();
 }
 
 OpMoments transients_in_uniform_neighbourhood(const std::vector<OpShape>& ops, size_t i, OpChoice c,
                                               int world, int prefetch, int64_t accum, const Precision& prec,
-                                              int64_t fuse_bytes) {
+                                              int64_t fuse_bytes, int per_host) {
   // Only neighbours reach op i: the prefetcher's window of K+1 gathers and the two reductions in flight, a
   // few ops either side (the window is wider than that reach).
   const size_t reach = static_cast<size_t>(std::max(0, prefetch)) + 4;
@@ -391,7 +401,7 @@ OpMoments transients_in_uniform_neighbourhood(const std::vector<OpShape>& ops, s
     plan.push_back(OpChoice{c.strategy, split ? c.splits : 1});
   }
   plan[i - lo] = c;
-  return simulate_transients(window, plan, world, prefetch, accum, prec, fuse_bytes).ops[i - lo];
+  return simulate_transients(window, plan, world, prefetch, accum, prec, fuse_bytes, per_host).ops[i - lo];
 }
 
 PeakBreakdown peak_of(int64_t persistent, int64_t optimizer_scratch, const ActivationMoments& a,
@@ -417,7 +427,7 @@ PeakBreakdown peak_of(int64_t persistent, int64_t optimizer_scratch, const Activ
 MemoryEstimate estimate_memory(const std::vector<OpShape>& ops,
                                const std::map<std::string, OpChoice>& choices, int world, int prefetch,
                                int optim_states, int64_t accum, const ActivationProfile& act,
-                               const Precision& prec, int64_t fuse_bytes) {
+                               const Precision& prec, int64_t fuse_bytes, int per_host) {
   MemoryEstimate est;
   std::vector<OpChoice> plan;
   int64_t scratch = 0;
@@ -428,14 +438,15 @@ MemoryEstimate estimate_memory(const std::vector<OpShape>& ops,
     auto it = act.op_bytes.find(op.name);
     m.activation_bytes = it == act.op_bytes.end() ? 0 : it->second;
     for (int64_t n : op.param_numels) m.params += n;
-    const ChoiceMemory cm = choice_memory(op.param_numels, m.choice, world, optim_states, prec);
+    const ChoiceMemory cm = choice_memory(op.param_numels, m.choice, world, optim_states, prec, per_host);
     m.param_bytes = cm.param_bytes, m.grad_bytes = cm.grad_bytes, m.optim_bytes = cm.optim_bytes;
     est.persistent += m.persistent();
     scratch = std::max(scratch, cm.optimizer_scratch_bytes);
     plan.push_back(m.choice);
     est.ops.push_back(m);
   }
-  const TransientMoments t = simulate_transients(ops, plan, world, prefetch, accum, prec, fuse_bytes);
+  const TransientMoments t =
+      simulate_transients(ops, plan, world, prefetch, accum, prec, fuse_bytes, per_host);
   for (size_t i = 0; i < ops.size(); ++i) est.ops[i].transient_bytes = t.ops[i].most();
   est.peak = peak_of(est.persistent, scratch, activation_moments(act, ops), t, ops);
   return est;

@@ -52,7 +52,8 @@ MemoryEstimate estimate_for(const RunSpec& spec, ActivationProfile* probe_cache)
   if (act.micro_batch != micro)
     act = probe_activations(spec.model, micro, spec.seed, spec.cost.precision.compute);
   return estimate_memory(ops, choices, spec.world(), spec.cost.prefetch, spec.cost.optim_states,
-                         per_rank_batch(spec) / micro, act, spec.cost.precision, spec.cost.fuse_bytes);
+                         per_rank_batch(spec) / micro, act, spec.cost.precision, spec.cost.fuse_bytes,
+                         spec.cost.ranks_per_host);
 }
 
 CostModel cost_model_for(const RunSpec& spec, const CostSource& source) {
@@ -141,18 +142,23 @@ void print_plan(const CostModel& m, const SearchResult& r,
                 bool table) {
   auto mib = [](int64_t b) { return format_mib(static_cast<double>(b)); };
   const PlanCost& c = r.cost;
+  const bool hosts = m.options().hosts() > 1;
+  double intra = 0, inter = 0;
+  for (const ChoiceCost& cc : c.per_op) intra += cc.intra_bytes, inter += cc.inter_bytes;
   if (table) {
-    std::printf("%-24s %11s %-10s %14s %13s %9s\n", "op", "params", "choice", "persistent MiB",
-                "transient MiB", "time ms");
+    std::printf("%-24s %11s %-10s %14s %13s %9s%s\n", "op", "params", "choice", "persistent MiB",
+                "transient MiB", "time ms", hosts ? "  MiB/step in host  between hosts" : "");
     for (size_t i = 0; i < m.ops().size(); ++i) {
       const ChoiceCost& cc = c.per_op[i];
       int64_t params = 0;
       for (int64_t n : m.ops()[i].param_numels) params += n;
       const std::string choice = std::string(strategy_name(cc.choice.strategy)) +
                                  (cc.choice.splits > 1 ? " x" + std::to_string(cc.choice.splits) : "");
-      std::printf("%-24s %11lld %-10s %14s %13s %9.2f\n", m.ops()[i].name.c_str(), (long long)params,
+      std::printf("%-24s %11lld %-10s %14s %13s %9.2f", m.ops()[i].name.c_str(), (long long)params,
                   choice.c_str(), mib(cc.mem.persistent()).c_str(), mib(cc.transient_bytes).c_str(),
                   cc.time_ms);
+      if (hosts) std::printf(" %16.2f %14.2f", cc.intra_bytes / 1048576.0, cc.inter_bytes / 1048576.0);
+      std::printf("\n");
     }
   }
   std::printf(
@@ -162,6 +168,10 @@ void print_plan(const CostModel& m, const SearchResult& r,
       mib(c.persistent_bytes).c_str(), mib(c.activation_bytes).c_str(), mib(c.transient_bytes).c_str(),
       mem_limit > 0 ? (" of " + mib(mem_limit) + " allowed").c_str() : "", c.step_ms, c.samples_per_s,
       c.tokens_per_s);
+  if (hosts)
+    std::printf(
+        "  per step per rank: %.2f MiB within its host, %.2f MiB between hosts (%d hosts x %d ranks)\n",
+        intra / 1048576.0, inter / 1048576.0, m.options().hosts(), m.options().per_host());
   for (const auto& [name, b] : base)
     std::printf("  %-18s peak %8s MiB, step %9.1f ms, %8.0f tokens/s%s\n", (name + " everywhere:").c_str(),
                 mib(b.cost.peak_bytes).c_str(), b.cost.step_ms, b.cost.tokens_per_s,

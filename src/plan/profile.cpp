@@ -125,23 +125,40 @@ double gemm_loop_ms(int n) {
 
 // Collectives at this world size, over a range of sizes: a fit of t = α + β·bytes each.
 void profile_collectives(Communicator& comm, const ProfileOptions& o, Profile& p) {
-  for (Collective c : {Collective::all_gather, Collective::reduce_scatter, Collective::all_reduce}) {
+  // World collectives (hierarchical across hosts); with several hosts also hybrid sharding's own: gathers and
+  // reduce-scatters among the host's ranks, all-reduces among the peers across hosts — the inter-host link
+  // measured, not assumed.
+  struct Measured {
+    const char* name;
+    Collective kind;
+    Group group;
+  };
+  std::vector<Measured> todo = {{"all_gather", Collective::all_gather, Group::world},
+                                {"reduce_scatter", Collective::reduce_scatter, Group::world},
+                                {"all_reduce", Collective::all_reduce, Group::world}};
+  if (comm.topology().hosts > 1)
+    todo.insert(todo.end(), {{"host_all_gather", Collective::all_gather, Group::host},
+                             {"host_reduce_scatter", Collective::reduce_scatter, Group::host},
+                             {"peers_all_reduce", Collective::all_reduce, Group::peers}});
+  for (const Measured& m : todo) {
+    const int size = comm.group_size(m.group);
     std::vector<std::pair<double, double>> pts;
     for (int64_t bytes = 16 << 10; bytes <= o.max_collective_bytes; bytes *= 4) {
-      const int64_t n = bytes / 4 / comm.world() * comm.world();
-      at::Tensor full = at::ones({n}), part = at::ones({n / comm.world()});
+      const int64_t n = bytes / 4 / size * size;
+      at::Tensor full = at::ones({n}), part = at::ones({n / size});
       std::vector<double> times;
       for (int it = 0; it < o.warmup + o.repeats; ++it) {
         comm.barrier()->wait();
         const auto t = Clock::now();
-        if (c == Collective::all_gather) comm.all_gather(full, part)->wait();
-        if (c == Collective::reduce_scatter) comm.reduce_scatter(part, full, ReduceOp::avg)->wait();
-        if (c == Collective::all_reduce) comm.all_reduce(full, ReduceOp::avg)->wait();
+        if (m.kind == Collective::all_gather) comm.all_gather(full, part, {}, m.group)->wait();
+        if (m.kind == Collective::reduce_scatter)
+          comm.reduce_scatter(part, full, ReduceOp::avg, {}, m.group)->wait();
+        if (m.kind == Collective::all_reduce) comm.all_reduce(full, ReduceOp::avg, {}, m.group)->wait();
         if (it >= o.warmup) times.push_back(ms_since(t));
       }
       pts.emplace_back(static_cast<double>(n * 4), median(times));
     }
-    p.collectives[collective_name(c)] = fit(pts);
+    p.collectives[m.name] = fit(pts);
   }
 }
 
@@ -218,6 +235,8 @@ Profile measure_profile(const ModelConfig& model, const std::vector<int64_t>& mi
   ::gethostname(host, sizeof host - 1);
   p.machine = {{"host", host}, {"cpus", std::thread::hardware_concurrency()}, {"cpu", cpu_model()}};
   p.world = comm.world();
+  p.hosts = comm.topology().hosts;
+  p.ranks_per_host = p.hosts > 1 ? comm.topology().local_size : 0;
   p.threads = at::get_num_threads();
   p.libtorch = TORCH_VERSION;
   char date[32];
@@ -302,6 +321,8 @@ nlohmann::json profile_to_json(const Profile& p) {
       {"version", kProfileVersion},
       {"machine", p.machine},
       {"world", p.world},
+      {"hosts", p.hosts},
+      {"ranks_per_host", p.ranks_per_host},
       {"threads", p.threads},
       {"libtorch", p.libtorch},
       {"date", p.date},
@@ -337,6 +358,13 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
                                std::to_string(kProfileVersion) + " (profile again with `slimshard profile`)");
     p.machine = j.at("machine");
     p.world = static_cast<int>(json_integer(j.at("world"), what + ": world", 1, 1 << 20));
+    if (j.contains("hosts")) {  // absent in profiles taken before hosts were told apart: one host
+      p.hosts = static_cast<int>(json_integer(j.at("hosts"), what + ": hosts", 1, p.world));
+      p.ranks_per_host =
+          static_cast<int>(json_integer(j.at("ranks_per_host"), what + ": ranks_per_host", 0, p.world));
+      if (p.hosts > 1 && p.ranks_per_host * p.hosts != p.world)
+        throw bad("ranks_per_host", "hosts x ranks_per_host is not the world");
+    }
     p.threads = static_cast<int>(json_integer(j.at("threads"), what + ": threads", 1, 4096));
     p.libtorch = j.at("libtorch").get<std::string>();
     p.date = j.value("date", "");
@@ -407,7 +435,10 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
     read_b(j.at("loss").at("act_bytes"), "loss.act_bytes", p.loss_act_bytes, true);
     read_b(j.at("loss").at("peak_bytes"), "loss.peak_bytes", p.loss_peak_bytes);
     read_b(j.at("backward_extra_bytes"), "backward_extra_bytes", p.backward_extra_bytes);
-    for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"}) {
+    for (const char* k : {"all_gather", "reduce_scatter", "all_reduce", "host_all_gather",
+                          "host_reduce_scatter", "peers_all_reduce"}) {
+      const bool world_kind = std::string(k).find("host_") != 0 && std::string(k).find("peers_") != 0;
+      if (!world_kind && !j.at("collectives").contains(k)) continue;  // only with several hosts
       const auto& c = j.at("collectives").at(k);
       CollectiveFit f;
       const std::string field = what + ": collectives." + k;
@@ -443,6 +474,9 @@ Profile load_profile(const std::string& path) {
 Profile scale_profile(const Profile& p, int world) {
   Profile q = p;
   if (world == p.world) return q;
+  // (The hosts of the profile are not those of the other world: it is re-derived as one host.)
+  for (const char* k : {"host_all_gather", "host_reduce_scatter", "peers_all_reduce"}) q.collectives.erase(k);
+  q.hosts = 1, q.ranks_per_host = 0;
   // Ring model: a collective moves (W-1)/W of the bytes (all-reduce twice) in W-1 steps of latency. Fit the
   // measured α, β to per-step latency and bandwidth, then re-derive them at the new W.
   auto share = [](int w, bool twice) { return (twice ? 2.0 : 1.0) * (w - 1) / static_cast<double>(w); };

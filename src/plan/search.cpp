@@ -177,8 +177,8 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
           break;
         }
       plan.push_back(OpChoice{Strategy::zero3, k});
-      const ChoiceMemory cm =
-          choice_memory(op.param_numels, plan.back(), w, m.options().optim_states, m.options().precision);
+      const ChoiceMemory cm = choice_memory(op.param_numels, plan.back(), w, m.options().optim_states,
+                                            m.options().precision);  // zero3
       persistent += cm.persistent(), scratch = std::max(scratch, cm.optimizer_scratch_bytes);
     }
     const int64_t peak = peak_of(persistent, scratch, act,
@@ -272,8 +272,10 @@ SearchResult uniform_baseline(const CostModel& m, Strategy s, const SearchOption
 
 std::vector<std::pair<std::string, SearchResult>> baselines(const CostModel& m, const SearchOptions& o) {
   std::vector<std::pair<std::string, SearchResult>> out;
-  for (Strategy s : {Strategy::ddp, Strategy::slim, Strategy::zero1, Strategy::zero2, Strategy::zero3})
-    if (s != Strategy::slim || m.options().allow_slim)
+  for (Strategy s : {Strategy::ddp, Strategy::slim, Strategy::zero1, Strategy::zero2, Strategy::zero3,
+                     Strategy::hsdp, Strategy::hsdp2})
+    if ((s != Strategy::slim || m.options().allow_slim) &&
+        (!shards_within_host(s) || m.options().hosts() > 1))
       out.emplace_back(strategy_name(s), uniform_baseline(m, s, o));
   return out;
 }

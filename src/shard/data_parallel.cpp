@@ -30,9 +30,16 @@ DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params
   std::vector<WorkPtr> works;
   for (ShardedParam* p : params_) works.push_back(comm_.broadcast(p->master(), 0));
   for (auto& w : works) w->wait();
+  const Topology& t = comm_.topology();
   for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i]->shard(strategies[i], comm_.rank(), comm_.world(), o.precision.compute);
+    // Hybrid strategies shard among the host's ranks (the same slice on every host).
+    const bool hybrid = shards_within_host(strategies[i]);
+    params_[i]->shard(strategies[i], hybrid ? t.local_rank : comm_.rank(),
+                      shard_ranks(strategies[i], comm_.world(), t.local_size), o.precision.compute);
     if (is_sharded(strategies[i])) any_sharded_ = true;
+    if (hybrid && !t.uniform)
+      throw UsageError("strategy " + std::string(strategy_name(strategies[i])) + " (" + params_[i]->name() +
+                       "): the hosts run different numbers of ranks; hybrid sharding needs the same on each");
     if (gathers_on_use(strategies[i])) {
       if (!prefetcher_) prefetcher_ = std::make_unique<Prefetcher>(comm_, o.prefetch);
       params_[i]->set_gatherer(prefetcher_.get());
@@ -92,20 +99,34 @@ DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params
 void DataParallel::flush_group(size_t g) {
   auto& pending = pending_[g];
   if (pending.empty()) return;
-  const bool zero1 = pending.front().first->strategy() == Strategy::zero1;
+  const Strategy s = pending.front().first->strategy();
+  const bool zero1 = s == Strategy::zero1;
   std::vector<at::Tensor> ins, parts, owned;
+  int64_t total = 0;
   for (auto& [p, full] : pending) {
     ins.push_back(narrow_wire(full) ? full.to(reduce_) : full);
-    parts.push_back(at::empty({p->shard_numel()}, ins.back().options()));
     owned.push_back(p->grad());
+    total += p->shard_numel();
+  }
+  // The slices land side by side in one buffer: one more collective carries them all across hosts (hybrid).
+  at::Tensor landed = at::empty({total}, ins.front().options());
+  int64_t off = 0;
+  for (const auto& entry : pending) {
+    parts.push_back(landed.narrow(0, off, entry.first->shard_numel()));
+    off += entry.first->shard_numel();
   }
   pending.clear();  // the full gradients (zero2/zero3) go once packed
-  // zero1 reduces its accumulated gradient once per step (copy); zero2/zero3 each micro-batch's (add).
-  scatters_.push_back(
-      comm_.reduce_scatter_coalesced(parts, ins, ReduceOp::avg, [owned, parts, zero1]() mutable {
-        for (size_t i = 0; i < owned.size(); ++i)
-          zero1 ? void(owned[i].copy_(parts[i])) : void(owned[i].add_(parts[i]));
-      }));
+  // zero1 reduces its accumulated gradient once per step (copy); the others each micro-batch's (add).
+  std::function<void()> apply = [owned, parts, zero1]() mutable {
+    for (size_t i = 0; i < owned.size(); ++i)
+      zero1 ? void(owned[i].copy_(parts[i])) : void(owned[i].add_(parts[i]));
+  };
+  if (across_hosts(s)) {
+    scatters_.push_back(comm_.reduce_scatter_coalesced(parts, ins, ReduceOp::avg, {}, Group::host));
+    scatters_.push_back(comm_.all_reduce(landed, ReduceOp::avg, apply, Group::peers));
+  } else {
+    scatters_.push_back(comm_.reduce_scatter_coalesced(parts, ins, ReduceOp::avg, apply, shard_group(s)));
+  }
   while (scatters_.size() > 2) scatters_.front()->wait(), scatters_.pop_front();
 }
 
@@ -139,18 +160,22 @@ void DataParallel::on_grad_ready(ShardedParam& p) {
       if (pending_[g->second].size() == groups_[g->second].size()) flush_group(g->second);
       return;
     }
-    if (narrow_wire(full)) {  // rounded once for the trip; the fp32 gradient is freed now
-      at::Tensor wire = full.to(reduce_);
+    const Group g = shard_group(s);
+    if (micro_count_ == 1 && !narrow_wire(full) && !across_hosts(s)) {
+      scatters_.push_back(comm_.reduce_scatter(p.grad(), full, ReduceOp::avg, {}, g));
+    } else {
+      // Into a slice added to the owned gradient (accumulation; a bf16 wire, rounded once for the trip, the
+      // fp32 gradient freed now; hybrid: the host's slice then averaged with the peers on the other hosts).
+      at::Tensor wire = narrow_wire(full) ? full.to(reduce_) : full;
       full.reset();
       at::Tensor part = at::empty({p.shard_numel()}, wire.options()), owned = p.grad();
-      scatters_.push_back(
-          comm_.reduce_scatter(part, wire, ReduceOp::avg, [owned, part]() mutable { owned.add_(part); }));
-    } else if (micro_count_ == 1) {
-      scatters_.push_back(comm_.reduce_scatter(p.grad(), full, ReduceOp::avg));
-    } else {
-      at::Tensor part = at::empty({p.shard_numel()}, full.options()), owned = p.grad();
-      scatters_.push_back(
-          comm_.reduce_scatter(part, full, ReduceOp::avg, [owned, part]() mutable { owned.add_(part); }));
+      std::function<void()> add = [owned, part]() mutable { owned.add_(part); };
+      if (across_hosts(s)) {
+        scatters_.push_back(comm_.reduce_scatter(part, wire, ReduceOp::avg, {}, g));
+        scatters_.push_back(comm_.all_reduce(part, ReduceOp::avg, add, Group::peers));
+      } else {
+        scatters_.push_back(comm_.reduce_scatter(part, wire, ReduceOp::avg, add, g));
+      }
     }
     // Bound the full gradients waiting in the queue (and the memory they hold).
     while (scatters_.size() > 2) scatters_.front()->wait(), scatters_.pop_front();
@@ -221,8 +246,12 @@ double DataParallel::grad_sq_sum() {
     if (p->strategy() == Strategy::slim) replicated += p->grad().dot(p->grad()).item<double>();
   if (!any_sharded_) return replicated;
   at::Tensor sharded = at::zeros({1}, at::kDouble);
+  // A hybrid slice is held alike on every host: counted once over the world's sum.
+  const double copies = comm_.topology().hosts;
   for (ShardedParam* p : params_)
-    if (is_sharded(p->strategy())) sharded += p->grad().dot(p->grad()).to(at::kDouble);
+    if (is_sharded(p->strategy()))
+      sharded +=
+          p->grad().dot(p->grad()).to(at::kDouble) / (shards_within_host(p->strategy()) ? copies : 1.0);
   comm_.all_reduce(sharded)->wait();
   return replicated + sharded.item<double>();
 }
@@ -232,13 +261,13 @@ void DataParallel::after_optimizer_step() {
   for (ShardedParam* p : params_) {
     p->refresh_working();
     if (gathers_after_step(p->strategy()) && !group_of_.count(p))
-      works.push_back(comm_.all_gather(p->flat_param(), p->owned_working()));
+      works.push_back(comm_.all_gather(p->flat_param(), p->owned_working(), {}, shard_group(p->strategy())));
   }
   for (const auto& members : groups_) {
     if (!gathers_after_step(members.front()->strategy())) continue;
     std::vector<at::Tensor> outs, ins;
     for (ShardedParam* p : members) outs.push_back(p->flat_param()), ins.push_back(p->owned_working());
-    works.push_back(comm_.all_gather_coalesced(outs, ins));
+    works.push_back(comm_.all_gather_coalesced(outs, ins, shard_group(members.front()->strategy())));
   }
   for (auto& w : works) w->wait();
 }
@@ -269,7 +298,7 @@ std::vector<std::pair<std::string, at::Tensor>> DataParallel::full_values() {
       continue;
     }
     at::Tensor buf = at::empty({p->padded_numel()}, p->master().options());
-    comm_.all_gather(buf, p->master())->wait();
+    comm_.all_gather(buf, p->master(), {}, shard_group(p->strategy()))->wait();
     out.emplace_back(p->name(), buf.slice(0, 0, p->numel()).view(p->shape()).clone());
   }
   return out;

@@ -13,7 +13,7 @@ Prefetcher::Prefetcher(Communicator& comm, int depth) : comm_(comm), depth_(std:
 void Prefetcher::issue(size_t key, ShardedParam& p) {
   Gathered g;
   g.buf = at::empty({p.padded_numel()}, p.gather_source().options());
-  g.work = comm_.all_gather(g.buf, p.gather_source());
+  g.work = comm_.all_gather(g.buf, p.gather_source(), {}, group_of(p));
   live_[key] = std::move(g);
   max_live_ = std::max(max_live_, static_cast<int>(live_.size()));
   ++gathers_;
@@ -42,7 +42,7 @@ void Prefetcher::gather_group(ShardedParam& p) {
       outs.push_back(at::empty({m->padded_numel()}, m->gather_source().options()));
       ins.push_back(m->gather_source());
     }
-  WorkPtr work = comm_.all_gather_coalesced(outs, ins);
+  WorkPtr work = comm_.all_gather_coalesced(outs, ins, group_of(p));
   for (size_t i = 0; i < now.size(); ++i) fused_live_[now[i]] = Gathered{outs[i], work};
   ++gathers_;
 }

@@ -6,12 +6,10 @@
 #include <memory>
 #include <vector>
 
+#include "slimshard/comm.h"
 #include "slimshard/sharded_param.h"
 
 namespace slimshard {
-
-class Communicator;
-class Work;
 
 // Gathers zero3 params for the ops that materialize them. The order of materializations is recorded over the
 // first forward+backward; from then on, acquiring the i-th param also issues the all-gathers of the next
@@ -40,6 +38,10 @@ class Prefetcher final : public ParamGatherer {
     std::shared_ptr<Work> work;
   };
   void issue(size_t key, ShardedParam& p);
+  // Hybrid params are gathered among the host's ranks.
+  static Group group_of(const ShardedParam& p) {
+    return shards_within_host(p.strategy()) ? Group::host : Group::world;
+  }
   void fill(size_t limit);
   // The members of p's group not gathered yet, in one collective.
   void gather_group(ShardedParam& p);

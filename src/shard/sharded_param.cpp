@@ -18,6 +18,10 @@ const char* strategy_name(Strategy s) {
       return "zero3";
     case Strategy::slim:
       return "slim";
+    case Strategy::hsdp:
+      return "hsdp";
+    case Strategy::hsdp2:
+      return "hsdp2";
   }
   return "?";
 }
@@ -28,7 +32,10 @@ Strategy parse_strategy(const std::string& s, const std::string& what) {
   if (s == "zero2") return Strategy::zero2;
   if (s == "zero3") return Strategy::zero3;
   if (s == "slim") return Strategy::slim;
-  throw UsageError(what + ": unknown strategy '" + s + "' (expected ddp, zero1, zero2, zero3 or slim)");
+  if (s == "hsdp") return Strategy::hsdp;
+  if (s == "hsdp2") return Strategy::hsdp2;
+  throw UsageError(what + ": unknown strategy '" + s +
+                   "' (expected ddp, zero1, zero2, zero3, slim, hsdp or hsdp2)");
 }
 
 std::string Precision::name() const {

@@ -32,16 +32,18 @@ SlimSync::SlimSync(Communicator& comm, std::vector<ShardedParam*> params, const 
   in_core_.assign(static_cast<size_t>(total_), 0);
   if (weights_.scalar_type() != at::kFloat) throw std::logic_error("SlimSync: fp32 params only");
   if (o_.wire != "fp32" && o_.wire != "bf16") throw std::logic_error("SlimSync: wire must be fp32 or bf16");
+  if (o_.apply != "next" && o_.apply != "now") throw std::logic_error("SlimSync: apply must be next or now");
   refresh_core();
   // Sized once at start (the design's buffer rule): the selection mask, and the packed round at its expected
   // size (core + explorer, with room for the explorer's spread).
   selected_.assign(static_cast<size_t>(total_), 0);
   const auto expected = static_cast<size_t>(
       static_cast<double>(core_count_) + 1.1 * o_.explore * static_cast<double>(total_ - core_count_) + 16);
+  const bool next = o_.apply == "next";
   if (o_.wire_bytes() == 2)
-    packed16_.reserve(expected);
+    packed16_.reserve(expected), sent16_.reserve(next ? expected : 0);
   else
-    packed_.reserve(expected);
+    packed_.reserve(expected), sent_.reserve(next ? expected : 0);
 }
 
 // Significance of element i of a tensor: |a_i| / mean|a| + λ·s_i with λ = 1 / mean(s): the magnitude of the
@@ -147,7 +149,61 @@ void SlimSync::exchange(std::vector<Wire>& packed, int64_t count) {
   }
 }
 
+// --slim-apply next: pack the selected deltas (as exchange() does), keep a copy of what was sent, and start
+// the all-reduce without waiting for it.
+template <class Wire>
+void SlimSync::launch(std::vector<Wire>& packed, std::vector<Wire>& sent, int64_t count) {
+  const float* w = weights_.data_ptr<float>();
+  const float* a = anchor_.data_ptr<float>();
+  const uint8_t* sel = selected_.data();
+  packed.resize(static_cast<size_t>(count + 1));
+  Wire* p = packed.data();
+  int64_t m = 0;
+  for (int64_t i = 0; i < total_; ++i) {
+    p[m] = static_cast<Wire>(w[i] - a[i]);
+    m += sel[i];
+  }
+  p[count] = Wire(0);
+  sent.assign(packed.begin(), packed.end());
+  pending_ =
+      comm_.all_reduce(at::from_blob(p, {count}, c10::CppTypeToScalarType<Wire>::value), ReduceOp::avg);
+}
+
+// The average arrived a step later: the anchor takes it, a[S] += mean; the weights keep what this rank did
+// since it sent: w[S] += mean − sent. (What it sent, w − a then, leaves w − a; its rounding remainder on the
+// bf16 wire stays in w − a as in exchange().) The signal accumulates |mean|.
+template <class Wire>
+void SlimSync::finish(std::vector<Wire>& packed, const std::vector<Wire>& sent) {
+  pending_->wait();
+  pending_.reset();
+  float* w = weights_.data_ptr<float>();
+  float* a = anchor_.data_ptr<float>();
+  float* s = signal_.data_ptr<float>();
+  const uint8_t* sel = selected_.data();
+  const Wire* mean = packed.data();
+  const Wire* mine = sent.data();
+  int64_t m = 0;
+  for (int64_t i = 0; i < total_; ++i) {
+    const float on = static_cast<float>(sel[i]);
+    const float delta = static_cast<float>(mean[m]) * on;
+    a[i] += delta;
+    w[i] += delta - static_cast<float>(mine[m]) * on;
+    s[i] += std::fabs(delta);
+    m += sel[i];
+  }
+}
+
+void SlimSync::finish_pending() {
+  if (!pending_) return;
+  at::NoGradGuard no_grad;
+  if (o_.wire_bytes() == 2)
+    finish(packed16_, sent16_);
+  else
+    finish(packed_, sent_);
+}
+
 void SlimSync::after_step(int64_t step) {
+  finish_pending();  // the last round's average, a step later (apply=next)
   if ((step + 1) % o_.period != 0) return;
   if (o_.full_sync_every > 0 && (rounds_ + 1) % o_.full_sync_every == 0) {
     full_sync();
@@ -159,7 +215,11 @@ void SlimSync::after_step(int64_t step) {
   const int64_t count = mark_selection(drawn, selected_);
   for (int64_t i : drawn) digest_ = fnv1a(digest_, static_cast<uint64_t>(i));
   digest_ = fnv1a(digest_, static_cast<uint64_t>(count));
-  if (o_.wire_bytes() == 2)
+  if (o_.apply == "next" && o_.wire_bytes() == 2)
+    launch(packed16_, sent16_, count);
+  else if (o_.apply == "next")
+    launch(packed_, sent_, count);
+  else if (o_.wire_bytes() == 2)
     exchange(packed16_, count);
   else
     exchange(packed_, count);
@@ -208,6 +268,7 @@ void SlimSync::resumed(int64_t rounds, int64_t digest) {
 
 // Every element: one all-reduce of w − a; the model is one model again.
 void SlimSync::full_sync() {
+  finish_pending();
   at::NoGradGuard no_grad;
   at::Tensor avg = weights_ - anchor_;
   comm_.all_reduce(avg, ReduceOp::avg)->wait();
@@ -220,6 +281,7 @@ void SlimSync::full_sync() {
 }
 
 SlimSync::Divergence SlimSync::divergence() {
+  finish_pending();
   at::NoGradGuard no_grad;
   at::Tensor mean = weights_.clone();
   comm_.all_reduce(mean, ReduceOp::avg)->wait();
@@ -236,8 +298,8 @@ SlimSync::Divergence SlimSync::divergence() {
 
 int64_t SlimSync::state_bytes() const {
   return static_cast<int64_t>(anchor_.nbytes() + signal_.nbytes() + in_core_.size() + selected_.size() +
-                              packed_.capacity() * sizeof(float) +
-                              packed16_.capacity() * sizeof(c10::BFloat16));
+                              (packed_.capacity() + sent_.capacity()) * sizeof(float) +
+                              (packed16_.capacity() + sent16_.capacity()) * sizeof(c10::BFloat16));
 }
 
 nlohmann::json SlimSync::state_json() const {
@@ -247,6 +309,7 @@ nlohmann::json SlimSync::state_json() const {
           {"refresh", o_.refresh},
           {"full_sync_every", o_.full_sync_every},
           {"wire", o_.wire},
+          {"apply", o_.apply},
           {"seed", o_.seed},
           {"rounds", rounds_},
           {"digest", selection_digest()}};

@@ -29,6 +29,9 @@ std::string joined(const std::vector<std::string>& args) {
 }
 
 bool is_plan_file(const std::string& e) { return e.size() >= 5 && e.substr(e.size() - 5) == ".json"; }
+// "osdp" plans with every choice; "osdp-nohybrid" without hybrid sharding (hsdp, hsdp2), to show what it
+// adds.
+bool is_osdp(const std::string& e) { return e == "osdp" || e == "osdp-nohybrid"; }
 
 struct RunResult {
   int code = -1;
@@ -76,18 +79,20 @@ std::string profile_for(const BenchOptions& o, const std::string& dir) {
   return path;
 }
 
-// One entry: its predictions, then its own training job.
-nlohmann::json bench_entry(const BenchOptions& o, const CostModel& cost, const std::string& e,
-                           const std::string& profile, const std::string& run_prefix,
+// One entry: its predictions, then its own training job. `base` is o.base with the profile's hosts.
+nlohmann::json bench_entry(const BenchOptions& o, const RunSpec& base, const Profile& measured,
+                           const std::string& e, const std::string& profile, const std::string& run_prefix,
                            ActivationProfile& probe) {
-  RunSpec spec = o.base;
-  spec.strategy = is_plan_file(e) ? "ddp" : e;
+  RunSpec spec = base;
+  spec.strategy = is_plan_file(e) ? "ddp" : is_osdp(e) ? "osdp" : e;
   spec.plan_file = is_plan_file(e) ? e : "";
-  const SearchResult predicted = predicted_for(cost, spec);
-  const int64_t estimate = e == "osdp" ? predicted.cost.peak_bytes : estimate_for(spec, &probe).peak.peak;
+  spec.cost.allow_hybrid = e != "osdp-nohybrid";
+  const SearchResult predicted = predicted_for(CostModel::from_profile(measured, spec.cost), spec);
+  const int64_t estimate = is_osdp(e) ? predicted.cost.peak_bytes : estimate_for(spec, &probe).peak.peak;
   const std::string what = is_plan_file(e) ? " --plan " + shell_quote(e)
-                           : e == "osdp"   ? " --strategy osdp --profile " + shell_quote(profile)
-                                           : " --strategy " + e;
+                           : is_osdp(e)    ? " --strategy osdp --profile " + shell_quote(profile) +
+                                              (spec.cost.allow_hybrid ? "" : " --no-hybrid")
+                                        : " --strategy " + e;
   const std::string metrics = run_prefix + ".jsonl";
   std::fprintf(stderr, "bench: %s ...\n", e.c_str());
   const RunResult r =
@@ -104,6 +109,7 @@ nlohmann::json bench_entry(const BenchOptions& o, const CostModel& cost, const s
     row["step_ms"] = s["step_ms"];
     row["peak_bytes"] = s["peak_bytes"];
     row["comm_bytes_per_step"] = s["comm_bytes_per_step"];
+    row["comm_bytes_inter_per_step"] = s.value("comm_bytes_inter_per_step", int64_t{0});
   } else {
     row["oom"] = r.output.find("memory limit exceeded") != std::string::npos;
     row["error"] = r.code == 0 ? "no summary in " + metrics : last_error_line(r.output);
@@ -117,7 +123,7 @@ nlohmann::json bench_entry(const BenchOptions& o, const CostModel& cost, const s
 void check_bench_entries(const std::vector<std::string>& entries) {
   if (entries.empty()) throw UsageError("--strategies: empty list");
   for (const auto& e : entries)
-    if (!is_plan_file(e) && e != "osdp") parse_strategy(e, "--strategies");
+    if (!is_plan_file(e) && !is_osdp(e)) parse_strategy(e, "--strategies");
 }
 
 namespace {
@@ -126,15 +132,17 @@ namespace {
 // any run failed (that run's message).
 nlohmann::json merged(const std::vector<nlohmann::json>& runs) {
   nlohmann::json row = runs.front();
-  std::vector<double> rate, ms, bytes;
+  std::vector<double> rate, ms, bytes, inter;
   int64_t peak = 0;
   for (const auto& r : runs) {
     if (!r.contains("tokens_per_s")) return r;
     rate.push_back(r["tokens_per_s"].get<double>()), ms.push_back(r["step_ms"].get<double>());
     bytes.push_back(r["comm_bytes_per_step"].get<double>());
+    inter.push_back(r["comm_bytes_inter_per_step"].get<double>());
     peak = std::max(peak, r["peak_bytes"].get<int64_t>());
   }
   row["tokens_per_s"] = median(rate), row["step_ms"] = median(ms), row["comm_bytes_per_step"] = median(bytes);
+  row["comm_bytes_inter_per_step"] = median(inter);
   row["peak_bytes"] = peak;
   row["runs_tokens_per_s"] = rate;
   return row;
@@ -151,13 +159,15 @@ nlohmann::json run_bench(const BenchOptions& o) {
   nlohmann::json results = nlohmann::json::array();
   try {
     const std::string profile = profile_for(o, dir);
-    const CostModel cost = CostModel::from_profile(load_profile(profile), o.base.cost);
+    const Profile measured = load_profile(profile);
+    RunSpec base = o.base;  // planned for the hosts the profile was taken on
+    if (base.cost.ranks_per_host == 0) base.cost.ranks_per_host = measured.ranks_per_host;
     ActivationProfile probe;
     std::vector<std::vector<nlohmann::json>> runs(o.entries.size());
     for (int rep = 0; rep < std::max(1, o.repeat); ++rep)
       for (size_t i = 0; i < o.entries.size(); ++i)
         runs[i].push_back(
-            bench_entry(o, cost, o.entries[i], profile, dir + "/run" + std::to_string(i), probe));
+            bench_entry(o, base, measured, o.entries[i], profile, dir + "/run" + std::to_string(i), probe));
     for (const auto& r : runs) results.push_back(merged(r));
   } catch (...) {
     std::filesystem::remove_all(dir);
@@ -169,16 +179,20 @@ nlohmann::json run_bench(const BenchOptions& o) {
 
 void print_bench(const nlohmann::json& results) {
   auto mib = [](const nlohmann::json& v) { return format_mib(v.get<double>()); };
-  std::printf("%-18s %9s %9s %9s %10s %10s %10s %9s\n", "strategy", "tokens/s", "step ms", "predicted",
-              "peak MiB", "predicted", "estimate", "comm MiB");
+  bool hosts = false;  // a column for the bytes between hosts when some run had any
+  for (const auto& row : results) hosts |= row.value("comm_bytes_inter_per_step", 0.0) > 0;
+  std::printf("%-18s %9s %9s %9s %10s %10s %10s %9s%s\n", "strategy", "tokens/s", "step ms", "predicted",
+              "peak MiB", "predicted", "estimate", "comm MiB", hosts ? "  inter MiB" : "");
   for (const auto& row : results) {
     const std::string name = row["strategy"].get<std::string>();
     const double pred_ms = row["predicted_step_ms"].get<double>();
     if (row.contains("tokens_per_s")) {
-      std::printf("%-18s %9.0f %9.1f %9.1f %10s %10s %10s %9s\n", name.c_str(),
+      std::printf("%-18s %9.0f %9.1f %9.1f %10s %10s %10s %9s", name.c_str(),
                   row["tokens_per_s"].get<double>(), row["step_ms"].get<double>(), pred_ms,
                   mib(row["peak_bytes"]).c_str(), mib(row["predicted_peak_bytes"]).c_str(),
                   mib(row["estimated_peak_bytes"]).c_str(), mib(row["comm_bytes_per_step"]).c_str());
+      if (hosts) std::printf(" %10s", mib(row["comm_bytes_inter_per_step"]).c_str());
+      std::printf("\n");
     } else {
       std::printf("%-18s %9s %9s %9.1f %10s %10s %10s %9s   %s\n", name.c_str(),
                   row["oom"].get<bool>() ? "OOM" : "FAILED", "-", pred_ms, "-",
@@ -188,7 +202,8 @@ void print_bench(const nlohmann::json& results) {
   }
   std::printf(
       "step ms, peak MiB: measured. predicted: the OSDP cost model (from the profile). estimate: "
-      "`slimshard memory`.\n");
+      "`slimshard memory`.%s\n",
+      hosts ? " comm MiB: all bytes per step; inter MiB: those between hosts." : "");
 }
 
 }  // namespace slimshard

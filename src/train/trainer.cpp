@@ -60,6 +60,8 @@ class Trainer {
   void build_model_layout(const Plan& plan);
   void build();
   void print_start() const;
+  // Ranks per host for the planner (0: one host).
+  int per_host() const { return comm_.topology().hosts > 1 ? comm_.topology().local_size : 0; }
   void print_buffers() const;
   Batch batch(int64_t step, int64_t micro) const;
   nlohmann::json step_record(int64_t step, const StepResult& r, double seconds, int64_t bytes) const;
@@ -188,7 +190,7 @@ void Trainer::check_options() {
 // The plan file, one strategy everywhere, or (osdp) the plan searched from a profile: taken now on every
 // rank, or read from --profile.
 Plan Trainer::choose_plan() {
-  const RunSpec spec = run_spec(o_, world_);
+  const RunSpec spec = run_spec(o_, world_, per_host());
   Plan plan;
   int64_t local = 0;
   const bool osdp = o_.strategy == "osdp" && o_.plan_file.empty();
@@ -210,7 +212,7 @@ Plan Trainer::choose_plan() {
 
 // The model and its per-op layout (this rank alone: what the plan asks must fit the model).
 void Trainer::build_model_layout(const Plan& plan) {
-  const RunSpec spec = run_spec(o_, world_);
+  const RunSpec spec = run_spec(o_, world_, per_host());
   micro_ = micro_batch_of(spec, plan);
   local_rows_ = per_rank_batch(spec);
   accum_ = local_rows_ / micro_;
@@ -248,10 +250,14 @@ void Trainer::build() {
 }
 
 std::vector<TensorPiece> Trainer::pieces(bool slim_state) {
-  if (!slim_ || !slim_state) return param_pieces(params_);
-  return param_pieces(params_, [this](const ShardedParam* p) {
-    return p->strategy() == Strategy::slim ? slim_->state_of(p) : NamedTensors{};
-  });
+  const bool first_host = comm_.topology().host == 0;
+  if (!slim_ || !slim_state) return param_pieces(params_, nullptr, first_host);
+  return param_pieces(
+      params_,
+      [this](const ShardedParam* p) {
+        return p->strategy() == Strategy::slim ? slim_->state_of(p) : NamedTensors{};
+      },
+      first_host);
 }
 
 void Trainer::save(int64_t steps, const StopPolicy& policy) {
@@ -548,8 +554,9 @@ void Trainer::save_and_sample(TrainSummary& s) {
 
 }  // namespace
 
-RunSpec run_spec(const TrainOptions& o, int world) {
+RunSpec run_spec(const TrainOptions& o, int world, int ranks_per_host) {
   RunSpec spec;
+  spec.cost.ranks_per_host = ranks_per_host;
   spec.model = o.model;
   spec.cost.world = world;
   spec.cost.global_batch = o.batch_size;
@@ -557,9 +564,11 @@ RunSpec run_spec(const TrainOptions& o, int world) {
   spec.cost.optim_states = static_cast<int>(Optimizer::state_names(o.optim).size());
   spec.cost.bucket_bytes = o.bucket_bytes;
   spec.cost.allow_slim = o.allow_slim;
+  spec.cost.allow_hybrid = o.allow_hybrid;
   spec.cost.slim_fraction = o.slim.core + o.slim.explore * (1 - o.slim.core);
   spec.cost.slim_wire_bytes = o.slim.wire_bytes();
   spec.cost.slim_period = o.slim.period;
+  spec.cost.slim_overlapped = o.slim.apply == "next";
   spec.cost.precision = o.precision;
   spec.cost.fuse_bytes = o.fuse_bytes;
   spec.micro_batch = o.micro_batch;
