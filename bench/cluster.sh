@@ -3,8 +3,9 @@
 # rank and 2 x 2, each host's link shaped to LINKS (10gbit, 1gbit, 100mbit), gpt-small (and gpt-25m on the
 # faster links). Per (link, hosts x ranks, shape), in one invocation: tokens/s, step time and bytes per step
 # between hosts for ddp (hierarchical and flat `--comm-backend mpi`), zero2, zero3, Slim-DP's recommended
-# setting, osdp under a budget halfway between zero3's and ddp's estimated peaks (profiled on the cluster, so
-# it measures the links), and PyTorch's DDP over gloo with its processes in the same hosts. Each run is
+# setting (its round overlapped with the next step, and `--slim-apply now`), osdp under a budget halfway
+# between zero3's and ddp's estimated peaks (profiled on the cluster, so it measures the links), and PyTorch's
+# DDP over gloo with its processes in the same hosts. Each run is
 # written under OUT and kept: rerunning the script runs only what is missing (FRESH=1 runs everything again).
 # Prints the table and writes it to OUT/cluster.md. Needs root. Hours on 2 cores with everything; pick:
 #   LINKS=100mbit TOPOS=2x2 SHAPES=gpt-small bench/cluster.sh
@@ -15,7 +16,7 @@ out=${OUT:-$here/bench-out/cluster}
 links=${LINKS:-"10gbit 1gbit 100mbit"}
 topos=${TOPOS:-"2x1 2x2"}
 shapes=${SHAPES:-"gpt-small gpt-25m"}
-configs=${CONFIGS:-"ddp ddp-mpi zero2 zero3 slim osdp torch"}
+configs=${CONFIGS:-"ddp ddp-mpi zero2 zero3 slim slim-now osdp torch"}
 steps=${STEPS:-8}
 [ -x "$bin" ] || { echo "build first: make build" >&2; exit 2; }
 "$here/scripts/cluster.sh" check
@@ -55,6 +56,7 @@ for link in $links; do
           ddp-mpi) args="--strategy ddp --comm-backend mpi" ;;
           zero2 | zero3) args="--strategy $cfg" ;;
           slim) args="--strategy slim --slim-core 0.5 --slim-explore 0.2 --slim-wire bf16 --slim-adam corrected" ;;
+          slim-now) args="--strategy slim --slim-core 0.5 --slim-explore 0.2 --slim-wire bf16 --slim-adam corrected --slim-apply now" ;;
           osdp)
             est() { "$bin" memory --model "$shape" --world "$W" --batch-size "$batch" --strategy "$1" --json "$out/est.json" \
               >/dev/null && python3 -c 'import json; print(json.load(open("'"$out"'/est.json"))["peak_bytes"])'; }

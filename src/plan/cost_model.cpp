@@ -194,7 +194,7 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
                       &rs = fit("host_reduce_scatter", "reduce_scatter"), &ar = coll_.at("all_reduce");
   const CollectiveFit* peers = coll_.count("peers_all_reduce") ? &coll_.at("peers_all_reduce") : nullptr;
   const int ranks = shard_ranks(c.strategy, o_.world, o_.per_host());
-  double t_ag = 0, t_gather = 0, t_rs = 0, t_ar = 0, owned = 0;
+  double t_ag = 0, t_gather = 0, t_rs = 0, t_ar = 0, t_peers = 0, owned = 0;
   const bool multi = o_.world > 1;
   // Bytes per link (comm.h): a world collective runs hierarchically across hosts — rings over the R ranks of
   // the host and over the H hosts on 1/R; a host one stays in the host; a peers one crosses.
@@ -207,7 +207,9 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
   // zero3's gathers are waited for one at a time while compute runs: each pays the measured latency of a
   // collective issued among busy threads instead of the fit's α (from back-to-back collectives, threads
   // awake). Reductions and the after-step gathers go back to back and keep α.
-  const double lat = coll_overhead_;
+  // That latency is calibrated on a real zero3 step, whose gathers span the world (across hosts, the slow
+  // link's); hybrid sharding's gathers stay in the host and keep their own fit's α.
+  const double lat = hybrid ? 0.0 : coll_overhead_;
   // Weights travel in the compute dtype, gradients in the reduce dtype.
   const double wb = o_.precision.compute_bytes(), gb = o_.precision.reduce_bytes();
   for (int64_t numel : p.param_numels) {
@@ -216,7 +218,10 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
     if (multi) {
       t_ag += c.splits * ag.ms(wb * padded);
       t_gather += c.splits * (std::max(ag.alpha_ms, lat) + ag.beta_ms_per_byte * wb * padded);
-      t_rs += c.splits * (rs.ms(gb * padded) + (hybrid && peers ? peers->ms(gb * padded / ranks) : 0.0));
+      t_rs += c.splits * rs.ms(gb * padded);
+      // Hybrid: the accumulated slice crosses hosts once per step, after the last micro-batch's
+      // reduce-scatter.
+      if (hybrid && peers) t_peers += c.splits * peers->ms(gb * padded / ranks);
       // DDP fuses gradients into buckets: bandwidth for these bytes, latency for their share of a bucket.
       const double bytes = gb * static_cast<double>(n);
       t_ar += c.splits * (ar.beta_ms_per_byte * bytes +
@@ -244,7 +249,7 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
       case Strategy::hsdp2: {
         const double gathers = c.strategy == Strategy::hsdp ? 2 * micro_batches : 1;
         intra += ring(k * (gathers * w + micro_batches * g), R, 1);
-        inter += ring(k * micro_batches * g / R, H, 2);
+        inter += ring(k * g / R, H, 2);
         break;
       }
       case Strategy::slim:
@@ -263,17 +268,20 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
       break;
     case Strategy::zero2:
     case Strategy::hsdp2:
-      backward_mid = backward_last = overlap(bwd, t_rs, f);
+      backward_mid = overlap(bwd, t_rs, f);
+      backward_last = overlap(bwd, t_rs + t_peers, f);
       after = t_ag;
       break;
     case Strategy::zero3:
     case Strategy::hsdp:
       if (o_.prefetch > 0) {
         forward = overlap(fwd, t_gather, f);
-        backward_mid = backward_last = overlap(bwd, t_gather + t_rs, f);
+        backward_mid = overlap(bwd, t_gather + t_rs, f);
+        backward_last = overlap(bwd, t_gather + t_rs + t_peers, f);
       } else {  // gathered on demand: the gather waits in front of the compute
         forward = fwd + t_gather;
-        backward_mid = backward_last = overlap(bwd, t_rs, f) + t_gather;
+        backward_mid = overlap(bwd, t_rs, f) + t_gather;
+        backward_last = overlap(bwd, t_rs + t_peers, f) + t_gather;
       }
       break;
     case Strategy::slim: {

@@ -121,9 +121,16 @@ void DataParallel::flush_group(size_t g) {
     for (size_t i = 0; i < owned.size(); ++i)
       zero1 ? void(owned[i].copy_(parts[i])) : void(owned[i].add_(parts[i]));
   };
-  if (across_hosts(s)) {
-    scatters_.push_back(comm_.reduce_scatter_coalesced(parts, ins, ReduceOp::avg, {}, Group::host));
-    scatters_.push_back(comm_.all_reduce(landed, ReduceOp::avg, apply, Group::peers));
+  if (across_hosts(s) && micro_index_ == micro_count_ - 1) {
+    // The last micro-batch: the host's slices plus what earlier micro-batches accumulated cross hosts once.
+    std::function<void()> fold = [owned, parts]() mutable {
+      for (size_t i = 0; i < owned.size(); ++i) parts[i].add_(owned[i]);
+    };
+    std::function<void()> land = [owned, parts]() mutable {
+      for (size_t i = 0; i < owned.size(); ++i) owned[i].copy_(parts[i]);
+    };
+    scatters_.push_back(comm_.reduce_scatter_coalesced(parts, ins, ReduceOp::avg, fold, Group::host));
+    scatters_.push_back(comm_.all_reduce(landed, ReduceOp::avg, land, Group::peers));
   } else {
     scatters_.push_back(comm_.reduce_scatter_coalesced(parts, ins, ReduceOp::avg, apply, shard_group(s)));
   }
@@ -170,9 +177,13 @@ void DataParallel::on_grad_ready(ShardedParam& p) {
       full.reset();
       at::Tensor part = at::empty({p.shard_numel()}, wire.options()), owned = p.grad();
       std::function<void()> add = [owned, part]() mutable { owned.add_(part); };
-      if (across_hosts(s)) {
-        scatters_.push_back(comm_.reduce_scatter(part, wire, ReduceOp::avg, {}, g));
-        scatters_.push_back(comm_.all_reduce(part, ReduceOp::avg, add, Group::peers));
+      if (across_hosts(s) && last) {
+        // Hybrid, last micro-batch: this one's host slice plus the accumulated ones, averaged across hosts
+        // once per step (the callbacks run on the comm thread in order, between the two collectives).
+        std::function<void()> fold = [owned, part]() mutable { part.add_(owned); };
+        std::function<void()> land = [owned, part]() mutable { owned.copy_(part); };
+        scatters_.push_back(comm_.reduce_scatter(part, wire, ReduceOp::avg, fold, g));
+        scatters_.push_back(comm_.all_reduce(part, ReduceOp::avg, land, Group::peers));
       } else {
         scatters_.push_back(comm_.reduce_scatter(part, wire, ReduceOp::avg, add, g));
       }
