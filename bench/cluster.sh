@@ -55,7 +55,7 @@ for link in $links; do
           ddp) args="--strategy ddp" ;;
           ddp-mpi) args="--strategy ddp --comm-backend mpi" ;;
           zero2 | zero3) args="--strategy $cfg" ;;
-          slim) args="--strategy slim --slim-core 0.5 --slim-explore 0.2 --slim-wire bf16 --slim-adam corrected" ;;
+          slim) args="--strategy slim --slim-core 0.5 --slim-explore 0.2 --slim-wire bf16 --slim-adam corrected --slim-apply next" ;;
           slim-now) args="--strategy slim --slim-core 0.5 --slim-explore 0.2 --slim-wire bf16 --slim-adam corrected --slim-apply now" ;;
           osdp)
             est() { "$bin" memory --model "$shape" --world "$W" --batch-size "$batch" --strategy "$1" --json "$out/est.json" \

@@ -39,7 +39,7 @@ struct SlimOptions {
   // next: a round's exchange runs while the next step computes, and its average is applied after that step,
   // keeping the rank's progress made meanwhile (w += mean − sent); now: the step waits for the exchange and
   // applies it at once (the original order). docs/slim-dp.md.
-  std::string apply = "next";
+  std::string apply = "now";
 };
 
 class SlimSync {
