@@ -106,6 +106,24 @@ int64_t SlimSync::mark_selection(const std::vector<int64_t>& explorer, std::vect
   return count;
 }
 
+namespace {
+// The selected deltas w − a of `total` elements, packed in index order into `packed` (count of them, then one
+// zero read by the last unselected elements when applying); the returned tensor views the count packed ones.
+template <class Wire>
+at::Tensor pack_selected(const float* w, const float* a, const uint8_t* sel, int64_t total,
+                         std::vector<Wire>& packed, int64_t count) {
+  packed.resize(static_cast<size_t>(count + 1));
+  Wire* p = packed.data();
+  int64_t m = 0;
+  for (int64_t i = 0; i < total; ++i) {
+    p[m] = static_cast<Wire>(w[i] - a[i]);
+    m += sel[i];
+  }
+  p[count] = Wire(0);
+  return at::from_blob(p, {count}, c10::CppTypeToScalarType<Wire>::value);
+}
+}  // namespace
+
 // One round's exchange over the selection. Pack the selected deltas d = w − a in index order, the same on
 // every rank, rounded to Wire. Branch-free: every element is written at the cursor, which advances only past
 // selected ones (the selection is random, so a branch would mispredict often); `packed` keeps its capacity
@@ -118,18 +136,10 @@ void SlimSync::exchange(std::vector<Wire>& packed, int64_t count) {
   float* a = anchor_.data_ptr<float>();
   float* s = signal_.data_ptr<float>();
   const uint8_t* sel = selected_.data();
-  packed.resize(static_cast<size_t>(count + 1));
-  Wire* p = packed.data();
+  comm_.all_reduce(pack_selected(w, a, sel, total_, packed, count), ReduceOp::avg)->wait();
+  const Wire* p = packed.data();
   int64_t m = 0;
-  for (int64_t i = 0; i < total_; ++i) {
-    p[m] = static_cast<Wire>(w[i] - a[i]);
-    m += sel[i];
-  }
-  p[count] = Wire(0);  // read (times zero) by the last unselected elements below
-  at::Tensor t = at::from_blob(p, {count}, c10::CppTypeToScalarType<Wire>::value);
-  comm_.all_reduce(t, ReduceOp::avg)->wait();
   // Branch-free too: the delta is zeroed and w keeps its bits where not selected.
-  m = 0;
   auto* wb = reinterpret_cast<uint32_t*>(w);
   for (int64_t i = 0; i < total_; ++i) {
     const uint32_t keep = sel[i] - 1u;  // all ones where not selected
@@ -153,20 +163,10 @@ void SlimSync::exchange(std::vector<Wire>& packed, int64_t count) {
 // the all-reduce without waiting for it.
 template <class Wire>
 void SlimSync::launch(std::vector<Wire>& packed, std::vector<Wire>& sent, int64_t count) {
-  const float* w = weights_.data_ptr<float>();
-  const float* a = anchor_.data_ptr<float>();
-  const uint8_t* sel = selected_.data();
-  packed.resize(static_cast<size_t>(count + 1));
-  Wire* p = packed.data();
-  int64_t m = 0;
-  for (int64_t i = 0; i < total_; ++i) {
-    p[m] = static_cast<Wire>(w[i] - a[i]);
-    m += sel[i];
-  }
-  p[count] = Wire(0);
+  at::Tensor t = pack_selected(weights_.data_ptr<float>(), anchor_.data_ptr<float>(), selected_.data(),
+                               total_, packed, count);
   sent.assign(packed.begin(), packed.end());
-  pending_ =
-      comm_.all_reduce(at::from_blob(p, {count}, c10::CppTypeToScalarType<Wire>::value), ReduceOp::avg);
+  pending_ = comm_.all_reduce(t, ReduceOp::avg);
 }
 
 // The average arrived a step later: the anchor takes it, a[S] += mean; the weights keep what this rank did
