@@ -45,6 +45,33 @@ Profile synthetic_profile(const ModelConfig& cfg, int world, unsigned seed) {
   for (int64_t b : p.micro_batches)
     p.loss_fwd_ms[b] = 0.1 * static_cast<double>(b), p.loss_bwd_ms[b] = 0.05, p.loss_act_bytes[b] = 1000 * b,
     p.backward_extra_bytes[b] = 5000 * b, p.loss_peak_bytes[b] = kept[b] + 1000 * b;
+  // With every block recomputing, as the probe sees it: a block keeps its input (a tenth of what it keeps
+  // otherwise, its first op's share); its forward moments stand on what the blocks before keep, its backward
+  // ones re-create the block's activations on top of them.
+  std::map<int64_t, int64_t> none_before, rc_before;  // what the blocks before the current one keep
+  std::string block;
+  for (OpProfile& op : p.ops) {
+    if (block_of(op.name).empty()) continue;
+    const bool first = block_of(op.name) != block;
+    block = block_of(op.name);
+    for (int64_t b : p.micro_batches) {
+      const OpMoments& m = op.act_moments[b];
+      if (first) {
+        none_before[b] = m.before_fwd - 50000 * b;  // roughly: what was live before the block
+        int64_t block_kept = 0;
+        for (const OpProfile& o : p.ops)
+          if (block_of(o.name) == block) block_kept += o.act_bytes.at(b);
+        op.act_bytes_rc[b] = block_kept / 10;
+      } else {
+        op.act_bytes_rc[b] = 0;
+      }
+      const int64_t shift = rc_before[b] - none_before[b];
+      op.act_moments_rc[b] = OpMoments{rc_before[b] + op.act_bytes_rc[b], rc_before[b] + op.act_bytes_rc[b],
+                                       m.before_bwd + shift, m.bwd + shift};
+    }
+    if (first)
+      for (int64_t b : p.micro_batches) rc_before[b] += op.act_bytes_rc[b];
+  }
   for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"}) {
     CollectiveFit f;
     f.alpha_ms = 0.02 * u(rng);
@@ -182,6 +209,61 @@ TEST(Planner, SlimIsAChoiceOnlyWhenAllowedAndCostsItsWireBytes) {
   const SearchResult r = search_plan(CostModel::from_profile(prof, cost_opts), SearchOptions{});
   ASSERT_TRUE(r.fits);
   for (const auto& [op, choice] : r.choices) EXPECT_EQ(choice.strategy, Strategy::slim) << op;
+}
+
+// Recomputation per block among the choices (--recompute auto): the search equals brute force over every
+// assignment of blocks, at budgets from the most frugal plan with recomputation to the roomiest without;
+// under a budget that no plan without recomputation fits, the plan recomputes and fits; with no budget it
+// never recomputes (it only costs time); --recompute none and all pin it.
+TEST(Planner, RecomputeIsAChoicePerBlock) {
+  ModelConfig gpt = ModelConfig::preset_config("gpt-tiny");
+  gpt.n_layer = 1;  // 10 ops, 4 strategies each, x 2 for the block's recomputation
+  int checked = 0, recomputed = 0;
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    CostOptions opts;
+    opts.world = 2, opts.global_batch = 8, opts.allow_splits = false;
+    const Profile prof = synthetic_profile(gpt, 2, seed);
+    const CostModel m = CostModel::from_profile(prof, opts);
+    ASSERT_TRUE(m.recompute_is_choice());
+    CostOptions none_opts = opts, all_opts = opts;
+    none_opts.recompute = Recompute::none, all_opts.recompute = Recompute::all;
+    const CostModel none = CostModel::from_profile(prof, none_opts),
+                    all = CostModel::from_profile(prof, all_opts);
+    SearchOptions tiny;
+    tiny.mem_limit = 1;
+    const int64_t frugal = uniform_baseline(all, Strategy::zero3, tiny).cost.peak_bytes;
+    const int64_t roomy = uniform_baseline(none, Strategy::ddp, SearchOptions{}).cost.peak_bytes;
+    const int64_t frugal_none = uniform_baseline(none, Strategy::zero3, tiny).cost.peak_bytes;
+    ASSERT_LT(frugal, frugal_none);
+    for (double f : {0.0, 0.99, 1.02, 1.1, 1.3, 1.0001 * static_cast<double>(frugal_none) / frugal, 2.0}) {
+      SearchOptions search;
+      search.memory_buckets = 64;
+      search.mem_limit = f == 0 ? 0 : static_cast<int64_t>(static_cast<double>(frugal) * f);
+      if (f == 2.0) search.mem_limit = roomy;
+      const SearchResult dp = search_plan(m, search), brute = brute_force_plan(m, search);
+      expect_same(dp, brute, "seed " + std::to_string(seed) + " limit x" + std::to_string(f));
+      ++checked;
+      if (!dp.fits) continue;
+      if (search.mem_limit > 0) {
+        EXPECT_LE(dp.cost.peak_bytes, search.mem_limit);
+      }
+      bool rc = false;
+      for (const auto& [op, c] : dp.choices) rc = rc || c.recompute;
+      recomputed += rc;
+      if (search.mem_limit == 0) {
+        EXPECT_FALSE(rc) << "recomputing with no budget";
+      }
+      if (search.mem_limit > 0 && search.mem_limit < frugal_none) {
+        EXPECT_TRUE(rc) << "fits only recomputing";
+      }
+      // Pinned: none never recomputes, all always does.
+      for (const auto& [op, c] : search_plan(none, search).choices) EXPECT_FALSE(c.recompute) << op;
+      const SearchResult pinned = search_plan(all, search);
+      for (const auto& [op, c] : pinned.choices) EXPECT_EQ(c.recompute, !block_of(op).empty()) << op;
+    }
+  }
+  EXPECT_EQ(checked, 21);
+  EXPECT_GT(recomputed, 3);
 }
 
 // Hybrid sharding across hosts (hsdp, hsdp2: zero3, zero2 within a host, the owned slice all-reduced among

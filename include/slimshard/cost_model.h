@@ -2,7 +2,9 @@
 // measured profile or an analytic device spec (ClusterSpec, for clusters we cannot run on). Additive over
 // ops — each op's communication overlaps its own compute — so that the search can be exact.
 #pragma once
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -42,6 +44,10 @@ struct ChoiceCost {
   // most transient bytes, and the most activations + transients at any of its moments — what the search
   // charges.
   int64_t transient_bytes = 0, load_bytes = 0;
+  // When recomputation is the search's choice (CostModel::recompute_is_choice), the activations a block keeps
+  // through the step, charged on its first op beside the persistent bytes, and load_bytes counts only what
+  // lies above the blocks' kept activations (see search.cpp).
+  int64_t kept_bytes = 0;
 };
 
 struct PlanCost {
@@ -77,6 +83,8 @@ struct CostOptions {
   // collective is charged its bytes on each link (within a host, between hosts).
   int ranks_per_host = 0;
   bool allow_hybrid = true;  // hsdp, hsdp2 among the choices (with several hosts)
+  // Activation recomputation per GPT block: never, everywhere, or (auto) the search's choice per block.
+  Recompute recompute = Recompute::auto_;
   int hosts() const { return ranks_per_host > 0 ? world / ranks_per_host : 1; }
   int per_host() const { return ranks_per_host > 0 ? ranks_per_host : world; }
 };
@@ -93,8 +101,21 @@ class CostModel {
   std::vector<int64_t> micro_batches() const;
   std::vector<OpChoice> candidates(size_t op) const;
   ChoiceCost cost(size_t op, OpChoice c, int64_t micro) const;
-  // The activations at every moment of a step at this micro-batch (interpolated between measured ones).
-  ActivationMoments activations(int64_t micro) const;
+  // The activations at every moment of a step at this micro-batch (interpolated between measured ones), with
+  // the blocks recomputing that `choices` say (none by default).
+  ActivationMoments activations(int64_t micro,
+                                const std::map<std::string, OpChoice>* choices = nullptr) const;
+  // Whether the search chooses recomputation per block (--recompute auto, a GPT, and activations measured
+  // with recomputation).
+  bool recompute_is_choice() const;
+  // What the search charges for the loss's moment (as ChoiceCost::load_bytes).
+  int64_t loss_load(int64_t micro) const;
+  // The block of op i (its index among the blocks), or -1.
+  int block_index(size_t op) const { return block_[op]; }
+  // What block `b` keeps through a step at this micro-batch, recomputing or not.
+  int64_t block_kept_bytes(int b, bool recompute, int64_t micro) const {
+    return block_kept(micro)[recompute ? 1 : 0].at(static_cast<size_t>(b));
+  }
   double fixed_ms(int64_t micro) const;  // per step, independent of choices (loss, optimizer-free parts)
   PlanCost evaluate(const std::map<std::string, OpChoice>& choices, int64_t micro) const;
   std::string source() const { return source_; }
@@ -111,10 +132,24 @@ class CostModel {
   std::map<std::string, double> residual_;  // by strategy name (profile.h: strategy_residual_ms)
   double param_numel_ = 1;                  // all ops' params, for spreading the residuals
   std::string source_;
-  // Op i's moments under a choice in its uniform neighbourhood, by (op, strategy, splits, accumulating).
-  mutable std::map<std::tuple<size_t, int, int, bool>, OpMoments> transients_;
+  // Op i's moments under a choice in its uniform neighbourhood, by (op, strategy, splits, accumulating,
+  // recomputing).
+  mutable std::map<std::tuple<size_t, int, int, bool, bool>, OpMoments> transients_;
   OpMoments op_transients(size_t op, OpChoice c, int64_t accum) const;
-  OpMoments act_moments(const OpProfile& op, int64_t micro) const;
+  OpMoments act_moments(const OpProfile& op, int64_t micro, bool recompute = false) const;
+  // Recomputation: each op's block (-1 outside; blocks_ of them), whether activations were measured with it,
+  // and per micro-batch the bytes each block keeps through the step without [0] and with [1] it.
+  std::vector<int> block_, before_;  // before_: the blocks wholly before op i (its own block's index in one)
+  int blocks_ = 0;
+  bool rc_measured_ = false;
+  mutable std::map<int64_t, std::array<std::vector<int64_t>, 2>> kept_;
+  void find_blocks();
+  const std::array<std::vector<int64_t>, 2>& block_kept(int64_t micro) const;
+  // Op i's activation moments with its block recomputing or not, less what the blocks before it keep (they
+  // are added back per plan): the part that depends on op i's block alone.
+  OpMoments local_moments(size_t op, bool recompute, int64_t micro) const;
+  // What the blocks before op i keep when block j recomputes as rc(j).
+  int64_t kept_before(size_t op, int64_t micro, const std::function<bool(int)>& rc) const;
   double interp(const std::map<int64_t, double>& m, int64_t b) const;
   int64_t interp_bytes(const std::map<int64_t, int64_t>& m, int64_t b) const;
 };

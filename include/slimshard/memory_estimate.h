@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ struct OpMoments {
 // from them. Bytes beyond params and gradients.
 struct ActivationProfile {
   int64_t micro_batch = 0;
+  std::set<std::string> recompute;           // the blocks that recomputed in the probe
   std::map<std::string, int64_t> op_bytes;   // kept for backward, attributed to the op that ends the span
   std::map<std::string, OpMoments> moments;  // the peak around and in each op
   int64_t loss_peak = 0;                     // after the last op's forward: the loss
@@ -36,8 +38,13 @@ struct ActivationProfile {
   int64_t backward_extra = 0;                // the highest in backward, beyond `total_bytes`
 };
 // In mixed precision (`compute` bf16) the probe runs the model as training runs it, with bf16 working copies.
+// The blocks named in `recompute` recompute (nn.h: Block); what their recomputed forward holds is measured as
+// part of the moment before the block's backward.
 ActivationProfile probe_activations(const ModelConfig& config, int64_t micro_batch, uint64_t seed,
-                                    at::ScalarType compute = at::kFloat);
+                                    at::ScalarType compute = at::kFloat,
+                                    const std::set<std::string>& recompute = {});
+// The blocks `choices` recompute.
+std::set<std::string> recomputed_blocks(const std::map<std::string, OpChoice>& choices);
 
 // The activation bytes at each moment the peak is sampled, in model order.
 struct ActivationMoments {

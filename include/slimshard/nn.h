@@ -127,6 +127,35 @@ class Conv2d : public Op {
   ShardedParam* b_;
 };
 
+// A unit of activation recomputation (activation checkpointing): a GPT block, "blocks.<i>". Run with
+// recompute on, its forward keeps only its input; in backward it runs the forward again and then its backward
+// (torch.utils.checkpoint's reentrant form). The recomputed forward runs the same kernels on the same input,
+// so the gradients are bit for bit those without recomputation. Weights gathered on use (zero3, hsdp) are
+// gathered once for the recomputed forward and kept for the backward that follows
+// (ShardedParam::materialize).
+class Block {
+ public:
+  explicit Block(std::string name);
+  virtual ~Block() = default;
+  const std::string& name() const { return name_; }
+  bool recompute() const { return recompute_; }
+  void set_recompute(bool on) { recompute_ = on; }
+  // The block on `x`: directly, or through the recomputing autograd Function.
+  at::Tensor operator()(const at::Tensor& x);
+  // The block's math (ops and plain autograd code between them).
+  virtual at::Tensor forward(const at::Tensor& x) = 0;
+  const at::Tensor& anchor() const { return anchor_; }
+
+ private:
+  std::string name_;
+  bool recompute_ = false;
+  at::Tensor anchor_;  // as Op's: backward runs even if the input needs no gradient
+};
+// True while a recomputed forward runs inside backward (observers tell it from the first forward).
+bool recomputing();
+// The block an op belongs to ("blocks.3" for "blocks.3.attn.qkv"), or "" for an op outside every block.
+std::string block_of(const std::string& op_name);
+
 // The shape of a model. arch: gpt | mlp | cnn.
 struct ModelConfig {
   std::string arch = "gpt";
@@ -159,6 +188,9 @@ class Model {
   ParamSet& params() { return params_; }
   const std::vector<Op*>& ops() const { return op_view_; }
   Op* find_op(const std::string& name) const;
+  // The units of recomputation, in model order (GPT: its blocks; none in the classifiers, whose layers are
+  // one op each — recomputing an op would save nothing).
+  const std::vector<Block*>& blocks() const { return block_view_; }
 
  protected:
   explicit Model(ModelConfig c) : config_(std::move(c)) {}
@@ -170,10 +202,20 @@ class Model {
     ops_.push_back(std::move(op));
     return raw;
   }
+  template <class T, class... Args>
+  T* add_block(Args&&... args) {
+    auto b = std::make_unique<T>(std::forward<Args>(args)...);
+    T* raw = b.get();
+    block_view_.push_back(raw);
+    blocks_.push_back(std::move(b));
+    return raw;
+  }
   ModelConfig config_;
   ParamSet params_;
 
  private:
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<Block*> block_view_;
   std::vector<std::unique_ptr<Op>> ops_;
   std::vector<Op*> op_view_;
 };

@@ -1,9 +1,10 @@
 // plan.h — per-operator plans: the strategy and splits of every op, read from a plan file or made uniform,
 // resolved against a model's ops and applied to it. A plan file: { "world": N?, "micro_batch": b?,
 // "precision": "fp32"|"bf16"?, "reduce_dtype": "fp32"|"bf16"?,
-// "ops": { "<op name or glob>": {"strategy": "zero3", "splits": 2}, ... } } — entries apply in file order,
-// later ones winning; `*` matches any run of characters, `?` one. Problems are usage errors naming file and
-// entry.
+// "ops": { "<op name or glob>": {"strategy": "zero3", "splits": 2, "recompute": true}, ... } } — entries
+// apply in file order, later ones winning; `*` matches any run of characters, `?` one. "recompute" is a
+// choice per GPT block (nn.h's Block): every op of a block must agree; a glob reaching ops outside blocks
+// leaves them be, an exact name outside blocks is an error. Problems are usage errors naming file and entry.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -15,16 +16,23 @@
 
 namespace slimshard {
 
+// --recompute: none, all (every GPT block), auto (a plan file's choice; osdp: the search's).
+enum class Recompute { none, all, auto_ };
+// "none" | "all" | "auto"; anything else is a UsageError.
+Recompute parse_recompute(const std::string& s);
+
 struct OpChoice {
   Strategy strategy = Strategy::ddp;
   int splits = 1;
+  bool recompute = false;  // the op's block recomputes its forward in backward
 };
 
 struct PlanEntry {
   std::string pattern;
-  bool has_strategy = false, has_splits = false;
+  bool has_strategy = false, has_splits = false, has_recompute = false;
   Strategy strategy = Strategy::ddp;
   int splits = 1;
+  bool recompute = false;
 };
 
 struct Plan {
@@ -47,7 +55,8 @@ bool glob_match(const std::string& pattern, const std::string& name);
 
 // Each op's choice under `plan`. An entry matching no op, or splits an op cannot take -> UsageError.
 std::map<std::string, OpChoice> resolve_plan(const Plan& plan, const std::vector<OpShape>& ops);
-// Applies splits to the model's ops and returns each param's strategy (in ParamSet order).
+// Applies splits and recomputation to the model's ops and blocks and returns each param's strategy (in
+// ParamSet order).
 std::vector<Strategy> apply_plan(const std::map<std::string, OpChoice>& choices, Model& model);
 
 }  // namespace slimshard

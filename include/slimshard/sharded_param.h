@@ -80,6 +80,24 @@ class ParamGatherer {
   virtual void release(ShardedParam& p) = 0;
 };
 
+// A block's recomputed forward and the backward after it (nn.h): from construction until stop_keeping(), a
+// param gathered on use keeps its gathered value past release(); the backward's materialize() takes it
+// without gathering again and its release() drops it. What the backward does not use again (a Linear's bias:
+// its gradient needs no weight) is dropped when this ends.
+class KeptGathers {
+ public:
+  KeptGathers();
+  ~KeptGathers();
+  KeptGathers(const KeptGathers&) = delete;
+  KeptGathers& operator=(const KeptGathers&) = delete;
+  void stop_keeping();
+
+ private:
+  std::vector<ShardedParam*> kept_;
+  KeptGathers* outer_;
+  friend class ShardedParam;
+};
+
 class ShardedParam {
  public:
   // `init` is the full initial value, identical on every rank (models draw it from the shared seed).
@@ -187,6 +205,8 @@ class ShardedParam {
   std::map<std::string, at::Tensor> optim_state_;
   std::function<void(ShardedParam&)> on_grad_ready_;
   ParamGatherer* gatherer_ = nullptr;
+  at::Tensor kept_;  // gathered in a recomputed forward, for the backward after it (KeptGathers)
+  friend class KeptGathers;
 };
 
 }  // namespace slimshard

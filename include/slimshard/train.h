@@ -48,6 +48,7 @@ struct TrainOptions {
   // bf16: forward and backward on bf16 working copies of fp32 masters; gradients reduced in precision.reduce
   Precision precision;
   int64_t fuse_bytes = 256 << 10;  // sharded params up to this size are gathered/reduced per block together
+  std::string recompute = "auto";  // none | all | auto (the plan's; osdp: the planner's)
   SlimOptions slim;                // for ops whose strategy is slim
   bool allow_slim = false;         // osdp: the search may choose slim for replicated ops
   bool allow_hybrid = true;        // osdp across hosts: the search may choose hsdp, hsdp2

@@ -45,6 +45,7 @@ Runner add_memory(CLI::App& app) {
   sub->add_option("--seed", train.seed, "seed")->capture_default_str()->check(seed_value());
   add_precision_flags(sub, flags->t);
   add_fuse_flag(sub, flags->t);
+  add_recompute_flag(sub, flags->t);
   sub->add_option("--json", flags->json, "also write the estimate as JSON");
   return [flags]() {
     TrainOptions train = flags->t.train;

@@ -53,6 +53,7 @@ Runner add_plan(CLI::App& app) {
                 "across hosts, do not offer hybrid sharding (hsdp, hsdp2)");
   add_slim_flags(sub, train.slim);
   add_precision_flags(sub, flags->t);
+  add_recompute_flag(sub, flags->t);
   sub->add_option("--out", flags->out, "plan file to write")->capture_default_str();
   sub->add_option("--svg", flags->svg, "also draw the plan as an SVG page");
   sub->add_flag("--quiet", flags->quiet, "totals only, no per-op table");

@@ -90,6 +90,14 @@ void add_fuse_flag(CLI::App* sub, TrainFlags& flags) {
       ->check(real(0, 1 << 20));
 }
 
+void add_recompute_flag(CLI::App* sub, TrainFlags& flags) {
+  sub->add_option("--recompute", flags.train.recompute,
+                  "recompute each GPT block's forward in backward instead of keeping its activations: none | "
+                  "all | auto (the plan's; with osdp the planner chooses per block)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "all", "auto"}));
+}
+
 void add_slim_flags(CLI::App* sub, SlimOptions& slim) {
   sub->add_option("--slim-period", slim.period, "Slim-DP: steps per communication round (tau)")
       ->capture_default_str()
@@ -234,6 +242,7 @@ void add_train_flags(CLI::App* sub, TrainFlags& flags) {
       ->capture_default_str()
       ->check(real(1.0 / 1024, 1 << 16));
   add_fuse_flag(sub, flags);
+  add_recompute_flag(sub, flags);
   add_comm_flags(sub, flags.comm);
   sub->add_option("--fault", train.fault,
                   "testing aid: sleep|exit|kill:RANK:STEP makes that rank stall, exit or die");

@@ -44,6 +44,8 @@ void add_train_flags(CLI::App* sub, TrainFlags& flags);
 void add_precision_flags(CLI::App* sub, TrainFlags& flags);
 // --fuse-kib (train, bench, memory).
 void add_fuse_flag(CLI::App* sub, TrainFlags& flags);
+// --recompute none|all|auto: activation recomputation per GPT block (train, bench, plan, memory).
+void add_recompute_flag(CLI::App* sub, TrainFlags& flags);
 Precision precision_from_flags(const TrainFlags& flags);
 // --slim-*: Slim-DP's parameters (train, plan).
 void add_slim_flags(CLI::App* sub, SlimOptions& slim);

@@ -131,6 +131,50 @@ Op* Model::find_op(const std::string& name) const {
 
 namespace {
 
+// One transformer block: x + attn(ln1(x)), then + mlp(ln2(·)). The unit of recomputation.
+class GptBlock final : public Block {
+ public:
+  GptBlock(std::string name, const ModelConfig& c, LayerNorm* ln1, Linear* qkv, Linear* attn_proj,
+           LayerNorm* ln2, Linear* fc, Linear* mlp_proj, at::Tensor causal_mask)
+      : Block(std::move(name)),
+        H_(c.n_head),
+        C_(c.n_embd),
+        ln1_(ln1),
+        qkv_(qkv),
+        attn_proj_(attn_proj),
+        ln2_(ln2),
+        fc_(fc),
+        mlp_proj_(mlp_proj),
+        causal_mask_(std::move(causal_mask)) {}
+
+  at::Tensor forward(const at::Tensor& x_in) override {
+    const int64_t B = x_in.size(0), T = x_in.size(1), D = C_ / H_;
+    const at::Tensor mask = causal_mask_.slice(0, 0, T).slice(1, 0, T);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    auto qkv = (*qkv_)((*ln1_)(x_in)).split(C_, 2);
+    at::Tensor q = qkv[0].view({B, T, H_, D}).transpose(1, 2);
+    at::Tensor k = qkv[1].view({B, T, H_, D}).transpose(1, 2);
+    at::Tensor v = qkv[2].view({B, T, H_, D}).transpose(1, 2);
+    // Scaled and masked in place: the product's backward needs q and k, not its output. In bf16 the scores
+    // and the softmax's output are bf16; LibTorch's softmax computes in fp32 inside (its output equals the
+    // fp32 softmax's rounded to bf16, bit for bit: docs/precision.md).
+    at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
+    att.masked_fill_(mask, -std::numeric_limits<float>::infinity());
+    att = att.softmax(-1);
+    at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C_});
+    at::Tensor x = x_in + (*attn_proj_)(y);
+    return x + (*mlp_proj_)(at::gelu((*fc_)((*ln2_)(x))));
+  }
+
+ private:
+  int64_t H_, C_;
+  LayerNorm* ln1_;
+  Linear *qkv_, *attn_proj_;
+  LayerNorm* ln2_;
+  Linear *fc_, *mlp_proj_;
+  at::Tensor causal_mask_;  // shared by all blocks
+};
+
 class GPT final : public Model {
  public:
   GPT(const ModelConfig& c, at::Generator& gen) : Model(c) {
@@ -139,59 +183,36 @@ class GPT final : public Model {
     // GPT-2: residual projections scaled by 1/sqrt(2L) so the residual stream's variance does not grow with
     // depth.
     const Init proj{Init::normal, 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer))};
+    const at::Tensor causal_mask = at::ones({c.seq_len, c.seq_len}, at::kBool).triu(1);
     wte_ = add_op<Embedding>("wte", c.vocab, C, gen, 0.02);
     wpe_ = add_op<Embedding>("wpe", c.seq_len, C, gen, 0.02);
     for (int64_t i = 0; i < c.n_layer; ++i) {
-      const std::string p = "blocks." + std::to_string(i) + ".";
-      Block b;
-      b.ln1 = add_op<LayerNorm>(p + "ln1", C);
-      b.qkv = add_op<Linear>(p + "attn.qkv", C, 3 * C, true, gen, w);
-      b.attn_proj = add_op<Linear>(p + "attn.proj", C, C, true, gen, proj);
-      b.ln2 = add_op<LayerNorm>(p + "ln2", C);
-      b.fc = add_op<Linear>(p + "mlp.fc", C, 4 * C, true, gen, w);
-      b.mlp_proj = add_op<Linear>(p + "mlp.proj", 4 * C, C, true, gen, proj);
-      blocks_.push_back(b);
+      const std::string name = "blocks." + std::to_string(i), p = name + ".";
+      auto* ln1 = add_op<LayerNorm>(p + "ln1", C);
+      auto* qkv = add_op<Linear>(p + "attn.qkv", C, 3 * C, true, gen, w);
+      auto* attn_proj = add_op<Linear>(p + "attn.proj", C, C, true, gen, proj);
+      auto* ln2 = add_op<LayerNorm>(p + "ln2", C);
+      auto* fc = add_op<Linear>(p + "mlp.fc", C, 4 * C, true, gen, w);
+      auto* mlp_proj = add_op<Linear>(p + "mlp.proj", 4 * C, C, true, gen, proj);
+      add_block<GptBlock>(name, c, ln1, qkv, attn_proj, ln2, fc, mlp_proj, causal_mask);
     }
     ln_f_ = add_op<LayerNorm>("ln_f", C);
     lm_head_ = add_op<Linear>("lm_head", C, c.vocab, false, gen, w);
-    causal_mask_ = at::ones({c.seq_len, c.seq_len}, at::kBool).triu(1);
   }
 
   at::Tensor logits(const at::Tensor& ids) override {
-    const int64_t B = ids.size(0), T = ids.size(1), C = config_.n_embd, H = config_.n_head, D = C / H;
+    const int64_t T = ids.size(1);
     if (T > config_.seq_len)
       throw UsageError("sequence of " + std::to_string(T) + " tokens exceeds --seq-len");
     at::Tensor x = (*wte_)(ids) + (*wpe_)(at::arange(T, at::kLong));
-    const at::Tensor mask = causal_mask_.slice(0, 0, T).slice(1, 0, T);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-    for (Block& b : blocks_) {
-      auto qkv = (*b.qkv)((*b.ln1)(x)).split(C, 2);
-      at::Tensor q = qkv[0].view({B, T, H, D}).transpose(1, 2);
-      at::Tensor k = qkv[1].view({B, T, H, D}).transpose(1, 2);
-      at::Tensor v = qkv[2].view({B, T, H, D}).transpose(1, 2);
-      // Scaled and masked in place: the product's backward needs q and k, not its output. In bf16 the scores
-      // and the softmax's output are bf16; LibTorch's softmax computes in fp32 inside (its output equals the
-      // fp32 softmax's rounded to bf16, bit for bit: docs/precision.md).
-      at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
-      att.masked_fill_(mask, -std::numeric_limits<float>::infinity());
-      att = att.softmax(-1);
-      at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
-      x = x + (*b.attn_proj)(y);
-      x = x + (*b.mlp_proj)(at::gelu((*b.fc)((*b.ln2)(x))));
-    }
+    for (Block* b : blocks()) x = (*b)(x);
     return (*lm_head_)((*ln_f_)(x));
   }
 
  private:
-  struct Block {
-    LayerNorm *ln1, *ln2;
-    Linear *qkv, *attn_proj, *fc, *mlp_proj;
-  };
   Embedding *wte_, *wpe_;
-  std::vector<Block> blocks_;
   LayerNorm* ln_f_;
   Linear* lm_head_;
-  at::Tensor causal_mask_;
 };
 
 class MLP final : public Model {

@@ -2,6 +2,7 @@
 // calls back into forward_impl/backward_impl, so an op is written once, as plain forward/backward math over
 // the weights it materializes.
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -48,6 +49,41 @@ struct OpFunction : torch::autograd::Function<OpFunction> {
 at::Tensor apply_op(Op& op, const at::Tensor& x) {
   return OpFunction::apply(x, op.anchor(), reinterpret_cast<int64_t>(&op));
 }
+
+thread_local bool t_recomputing = false;
+
+// Forward with grad mode off (custom Functions run so): the ops inside build no graph, so what they save is
+// dropped as each returns. Backward: the forward again with grad mode on, from a detached copy of the input,
+// then backward through it (nested in the running backward); the input's gradient is what it accumulated.
+struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& anchor,
+                            int64_t block_addr) {
+    (void)anchor;
+    ctx->saved_data["block"] = block_addr;
+    ctx->save_for_backward({x});
+    return reinterpret_cast<Block*>(block_addr)->forward(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Block* block = reinterpret_cast<Block*>(ctx->saved_data["block"].toInt());
+    at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    at::Tensor y;
+    KeptGathers kept;  // gathered once for the forward here, used again by the backward below
+    {
+      at::AutoGradMode grad_on(true);
+      t_recomputing = true;
+      try {
+        y = block->forward(x);
+      } catch (...) {
+        t_recomputing = false;
+        throw;
+      }
+      t_recomputing = false;
+    }
+    kept.stop_keeping();
+    torch::autograd::backward({y}, {grads[0]});
+    return {x.grad(), at::Tensor(), at::Tensor()};
+  }
+};
 
 at::Tensor draw(std::vector<int64_t> shape, Init init, int64_t fan_in, at::Generator& gen) {
   at::Tensor t = at::empty(shape, at::kFloat);
@@ -101,6 +137,24 @@ ShardedParam* ParamSet::add(std::string name, const at::Tensor& init, bool decay
 }
 
 void set_op_observer(std::function<void(const Op&, OpPhase)> observer) { g_observer = std::move(observer); }
+
+bool recomputing() { return t_recomputing; }
+
+std::string block_of(const std::string& op_name) {
+  if (op_name.rfind("blocks.", 0) != 0) return "";
+  const size_t dot = op_name.find('.', 7);
+  return dot == std::string::npos ? "" : op_name.substr(0, dot);
+}
+
+Block::Block(std::string name) : name_(std::move(name)) {
+  anchor_ = at::empty({0}, at::kFloat);
+  anchor_.set_requires_grad(true);
+}
+
+at::Tensor Block::operator()(const at::Tensor& x) {
+  if (!recompute_ || !at::GradMode::is_enabled()) return forward(x);
+  return RecomputeFunction::apply(x, anchor_, reinterpret_cast<int64_t>(this));
+}
 
 std::vector<ShardedParam*> ParamSet::replace(ShardedParam* old,
                                              std::vector<std::unique_ptr<ShardedParam>> with) {

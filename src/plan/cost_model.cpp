@@ -71,6 +71,7 @@ CostModel CostModel::from_profile(const Profile& p, const CostOptions& o) {
   for (const OpProfile& op : m.ops_)
     for (int64_t n : op.param_numels) m.param_numel_ += static_cast<double>(n);
   m.param_numel_ = std::max(1.0, m.param_numel_);
+  m.find_blocks();
   m.source_ = "profile (" + p.date + ", " + std::to_string(p.world) + " ranks, " +
               (p.machine.is_object() ? p.machine.value("cpu", "?") : std::string("?")) + ")";
   return m;
@@ -148,8 +149,89 @@ CostModel CostModel::from_cluster(const ClusterSpec& c, const ModelConfig& cfg, 
       OpMoments& om = op.act_moments[b];
       om.before_bwd = om.bwd = om.fwd + m.bwd_extra_[b] + (&op == &m.ops_.back() ? m.loss_act_[b] : 0);
     }
+    // Recomputing every block: a block keeps its input alone (its first op's share); in its backward the
+    // recomputed forward holds all it kept without recomputation again, on top of the blocks before it.
+    double kept_rc = 0, block_start_none = 0, block_start_rc = 0;
+    std::string block;
+    for (OpProfile& op : m.ops_) {
+      const std::string b_name = block_of(op.name);
+      if (b_name.empty()) continue;
+      const OpMoments& none = op.act_moments[b];
+      if (b_name != block) {
+        block = b_name;
+        block_start_none = static_cast<double>(none.before_fwd - op.act_bytes[b]);
+        block_start_rc = kept_rc;
+        kept_rc += rows * C * e;
+        op.act_bytes_rc[b] = static_cast<int64_t>(rows * C * e);
+      } else {
+        op.act_bytes_rc[b] = 0;
+      }
+      const double shift = block_start_rc - block_start_none;  // the blocks before keep less
+      op.act_moments_rc[b].before_fwd = op.act_moments_rc[b].fwd = static_cast<int64_t>(kept_rc);
+      op.act_moments_rc[b].before_bwd = static_cast<int64_t>(static_cast<double>(none.before_bwd) + shift);
+      op.act_moments_rc[b].bwd = static_cast<int64_t>(static_cast<double>(none.bwd) + shift);
+    }
   }
+  m.find_blocks();
   return m;
+}
+
+void CostModel::find_blocks() {
+  block_.clear(), before_.clear(), blocks_ = 0;
+  std::string prev;
+  for (const OpProfile& op : ops_) {
+    const std::string b = block_of(op.name);
+    if (!b.empty() && b != prev) ++blocks_;
+    prev = b;
+    block_.push_back(b.empty() ? -1 : blocks_ - 1);
+    before_.push_back(b.empty() ? blocks_ : blocks_ - 1);
+  }
+  rc_measured_ = blocks_ > 0;
+  for (size_t i = 0; i < ops_.size(); ++i)
+    if (block_[i] >= 0 && ops_[i].act_moments_rc.size() != ops_[i].act_moments.size()) rc_measured_ = false;
+  if (o_.recompute == Recompute::all && blocks_ > 0 && !rc_measured_)
+    throw UsageError(
+        "--recompute all: the profile has no activations measured with recomputation (it was "
+        "taken before slimshard had it): profile again");
+}
+
+bool CostModel::recompute_is_choice() const { return o_.recompute == Recompute::auto_ && rc_measured_; }
+
+const std::array<std::vector<int64_t>, 2>& CostModel::block_kept(int64_t micro) const {
+  auto it = kept_.find(micro);
+  if (it != kept_.end()) return it->second;
+  std::array<std::vector<int64_t>, 2> k{std::vector<int64_t>(static_cast<size_t>(blocks_), 0),
+                                        std::vector<int64_t>(static_cast<size_t>(blocks_), 0)};
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (block_[i] < 0) continue;
+    k[0][static_cast<size_t>(block_[i])] += interp_bytes(ops_[i].act_bytes, micro);
+    if (rc_measured_) k[1][static_cast<size_t>(block_[i])] += interp_bytes(ops_[i].act_bytes_rc, micro);
+  }
+  return kept_[micro] = k;
+}
+
+int64_t CostModel::kept_before(size_t op, int64_t micro, const std::function<bool(int)>& rc) const {
+  const auto& k = block_kept(micro);
+  int64_t sum = 0;
+  for (int j = 0; j < before_[op]; ++j) sum += k[rc(j) ? 1 : 0][static_cast<size_t>(j)];
+  return sum;
+}
+
+OpMoments CostModel::local_moments(size_t op, bool recompute, int64_t micro) const {
+  const bool rc = recompute && block_[op] >= 0 && rc_measured_;
+  OpMoments m = act_moments(ops_[op], micro, rc);
+  const int64_t before = kept_before(op, micro, [&](int) { return rc; });
+  m.before_fwd -= before, m.fwd -= before, m.before_bwd -= before, m.bwd -= before;
+  return m;
+}
+
+int64_t CostModel::loss_load(int64_t micro) const {
+  const int64_t peak = interp_bytes(loss_peak_, micro);
+  if (blocks_ == 0 || !rc_measured_) return peak;
+  const size_t last = ops_.size() - 1;
+  const int64_t none = kept_before(last, micro, [](int) { return false; });
+  if (recompute_is_choice()) return peak - none;
+  return peak - none + kept_before(last, micro, [&](int) { return o_.recompute == Recompute::all; });
 }
 
 std::vector<int64_t> CostModel::micro_batches() const {
@@ -165,6 +247,9 @@ std::vector<int64_t> CostModel::micro_batches() const {
 std::vector<OpChoice> CostModel::candidates(size_t op) const {
   std::vector<OpChoice> out;
   const OpProfile& p = ops_.at(op);
+  std::vector<bool> recompute{false};
+  if (block_[op] >= 0 && recompute_is_choice()) recompute = {false, true};
+  if (block_[op] >= 0 && o_.recompute == Recompute::all) recompute = {true};
   std::vector<Strategy> strategies{Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3};
   if (o_.allow_slim) strategies.push_back(Strategy::slim);
   if (o_.hosts() > 1 && o_.allow_hybrid)
@@ -173,7 +258,7 @@ std::vector<OpChoice> CostModel::candidates(size_t op) const {
     for (int k : {1, 2, 4, 8}) {
       if (k > 1 && (!o_.allow_splits || p.kind != "linear" || p.out_features % k != 0 || s == Strategy::slim))
         continue;
-      out.push_back(OpChoice{s, k});
+      for (bool r : recompute) out.push_back(OpChoice{s, k, r});
     }
   return out;
 }
@@ -182,7 +267,9 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
   const OpProfile& p = ops_.at(op);
   const int64_t local = o_.global_batch / o_.world;
   const double accum = static_cast<double>(local / micro);
-  const double fwd = interp(p.fwd_ms, micro), bwd = interp(p.bwd_ms, micro);
+  // A recomputed op runs its forward again in backward, under the backward's communication (zero3's gather
+  // for it is the backward's own: nn.h, Block).
+  const double fwd = interp(p.fwd_ms, micro), bwd = interp(p.bwd_ms, micro) + (c.recompute ? fwd : 0);
   // Hybrid: gathers and reduce-scatters among the host's ranks (their own fits), then the owned slice
   // all-reduced among the peers on the other hosts.
   const bool hybrid = shards_within_host(c.strategy) && o_.hosts() > 1;
@@ -305,33 +392,57 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
     cc.time_ms = std::max(0.0, cc.time_ms + it->second * n / param_numel_);
   }
   cc.mem = choice_memory(p.param_numels, c, o_.world, o_.optim_states, o_.precision, o_.ranks_per_host);
-  const OpMoments t = op_transients(op, c, static_cast<int64_t>(accum)), a = act_moments(p, micro);
+  const OpMoments t = op_transients(op, c, static_cast<int64_t>(accum));
+  OpMoments a = local_moments(op, c.recompute, micro);
+  if (recompute_is_choice()) {  // the blocks' kept activations are charged as weight (search.cpp)
+    if (block_[op] >= 0 && (op == 0 || block_[op - 1] != block_[op]))
+      cc.kept_bytes = block_kept(micro)[c.recompute ? 1 : 0][static_cast<size_t>(block_[op])];
+  } else {
+    const int64_t before = kept_before(op, micro, [&](int) { return o_.recompute == Recompute::all; });
+    a.before_fwd += before, a.fwd += before, a.before_bwd += before, a.bwd += before;
+  }
   cc.transient_bytes = t.most();
   cc.load_bytes = std::max(std::max(a.before_fwd + t.before_fwd, a.fwd + t.fwd),
                            std::max(a.before_bwd + t.before_bwd, a.bwd + t.bwd));
   return cc;
 }
 
-OpMoments CostModel::act_moments(const OpProfile& op, int64_t micro) const {
+OpMoments CostModel::act_moments(const OpProfile& op, int64_t micro, bool recompute) const {
   std::map<int64_t, int64_t> parts[4];
-  for (const auto& [b, m] : op.act_moments)
+  for (const auto& [b, m] : recompute ? op.act_moments_rc : op.act_moments)
     parts[0][b] = m.before_fwd, parts[1][b] = m.fwd, parts[2][b] = m.before_bwd, parts[3][b] = m.bwd;
   return OpMoments{interp_bytes(parts[0], micro), interp_bytes(parts[1], micro),
                    interp_bytes(parts[2], micro), interp_bytes(parts[3], micro)};
 }
 
 OpMoments CostModel::op_transients(size_t op, OpChoice c, int64_t accum) const {
-  const auto key = std::make_tuple(op, static_cast<int>(c.strategy), c.splits, accum > 1);
+  const auto key = std::make_tuple(op, static_cast<int>(c.strategy), c.splits, accum > 1, c.recompute);
   auto it = transients_.find(key);
   if (it != transients_.end()) return it->second;
   return transients_[key] = transients_in_uniform_neighbourhood(
              shapes_, op, c, o_.world, o_.prefetch, accum, o_.precision, o_.fuse_bytes, o_.ranks_per_host);
 }
 
-ActivationMoments CostModel::activations(int64_t micro) const {
+ActivationMoments CostModel::activations(int64_t micro,
+                                         const std::map<std::string, OpChoice>* choices) const {
   ActivationMoments a;
-  for (const OpProfile& p : ops_) a.ops.push_back(act_moments(p, micro));
+  std::vector<bool> rc(static_cast<size_t>(blocks_), false);
+  if (choices && rc_measured_)
+    for (size_t i = 0; i < ops_.size(); ++i)
+      if (auto it = choices->find(ops_[i].name);
+          block_[i] >= 0 && it != choices->end() && it->second.recompute)
+        rc[static_cast<size_t>(block_[i])] = true;
+  const auto of_block = [&](int j) { return static_cast<bool>(rc[static_cast<size_t>(j)]); };
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    OpMoments m = local_moments(i, block_[i] >= 0 && rc[static_cast<size_t>(block_[i])], micro);
+    const int64_t before = kept_before(i, micro, of_block);
+    m.before_fwd += before, m.fwd += before, m.before_bwd += before, m.bwd += before;
+    a.ops.push_back(m);
+  }
   a.loss = interp_bytes(loss_peak_, micro);
+  if (!ops_.empty() && blocks_ > 0)
+    a.loss += kept_before(ops_.size() - 1, micro, of_block) -
+              kept_before(ops_.size() - 1, micro, [](int) { return false; });
   return a;
 }
 
@@ -359,7 +470,7 @@ PlanCost CostModel::evaluate(const std::map<std::string, OpChoice>& choices, int
     plan.push_back(c);
     pc.per_op.push_back(cc);
   }
-  const PeakBreakdown peak = peak_of(persistent, scratch, activations(micro),
+  const PeakBreakdown peak = peak_of(persistent, scratch, activations(micro, &choices),
                                      simulate_transients(shapes_, plan, o_.world, o_.prefetch, pc.accum,
                                                          o_.precision, o_.fuse_bytes, o_.ranks_per_host),
                                      shapes_);

@@ -4,19 +4,30 @@
 #include "slimshard/memory_estimate.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <deque>
+#include <set>
 
 #include "slimshard/common.h"
 #include "slimshard/memory.h"
 
 namespace slimshard {
 
+std::set<std::string> recomputed_blocks(const std::map<std::string, OpChoice>& choices) {
+  std::set<std::string> out;
+  for (const auto& [op, c] : choices)
+    if (c.recompute && !block_of(op).empty()) out.insert(block_of(op));
+  return out;
+}
+
 ActivationProfile probe_activations(const ModelConfig& config, int64_t micro_batch, uint64_t seed,
-                                    at::ScalarType compute) {
+                                    at::ScalarType compute, const std::set<std::string>& recompute) {
   ActivationProfile prof;
   prof.micro_batch = micro_batch;
+  prof.recompute = recompute;
   auto model = build_model(config, seed);
+  for (Block* b : model->blocks()) b->set_recompute(recompute.count(b->name()) > 0);
   // Laid out as training lays it out, so that the gradients exist before backward: they are persistent
   // memory, counted by strategy (in a model never sharded, backward would allocate them as it goes).
   // (In mixed precision the working copies are persistent too: choice_memory counts them.)
@@ -27,6 +38,8 @@ ActivationProfile probe_activations(const ModelConfig& config, int64_t micro_bat
   memory::reset_peaks();
   // Each call closes a span: the peak since the last call belongs to the moment that ends here.
   set_op_observer([&](const Op& op, OpPhase phase) {
+    // A recomputed forward inside backward: its peak stays for the backward moment that follows.
+    if (recomputing() && (phase == OpPhase::forward_begin || phase == OpPhase::forward_end)) return;
     const int64_t peak = memory::peak_bytes() - base;
     OpMoments& m = prof.moments[op.name()];
     int64_t& into = phase == OpPhase::forward_begin    ? m.before_fwd
@@ -194,6 +207,10 @@ class TransientSim {
         gather_bytes_(prec.compute_bytes()),
         narrow_wire_(prec.reduce == at::kBFloat16) {
     for (size_t i = 0; i < ops.size(); ++i) base_.push_back(static_cast<int>(ids_)), ids_ += 2 * 64;
+    for (size_t i = 0; i < ops.size(); ++i)
+      events_.push_back(
+          {op_events(ops[i], choices[i].splits, false), op_events(ops[i], choices[i].splits, true)});
+    find_blocks();
     find_groups(fuse_bytes);
     record_trace();
   }
@@ -201,12 +218,24 @@ class TransientSim {
   // One micro-batch's forward and backward in the steady state (the order recorded): every micro-batch is
   // alike, since the engine waits for its reductions before the next one. Before an op runs, what is live is
   // what the ops before it left gathered or in flight.
+  // A recomputed block (nn.h: Block) runs its forward again before its backward, keeping what it gathers
+  // until the backward releases it, and whatever that leaves (biases) when the block's backward ends: that
+  // forward's moments belong to the moment before the block's backward.
   TransientMoments run() {
     TransientMoments t;
     t.ops.assign(ops_.size(), OpMoments{});
     for (size_t i = 0; i < ops_.size(); ++i) t.ops[i].before_fwd = live(), play(i, false, &t.ops[i].fwd);
     t.after_forward = live();
-    for (size_t i = ops_.size(); i-- > 0;) t.ops[i].before_bwd = live(), play(i, true, &t.ops[i].bwd);
+    for (size_t i = ops_.size(); i-- > 0;) {
+      t.ops[i].before_bwd = live();
+      if (recomputes_last(i)) {
+        keeping_ = true;
+        for (size_t k = block_first_[i]; k <= i; ++k) play(k, false, &t.ops[i].before_bwd);
+        keeping_ = false;
+      }
+      play(i, true, &t.ops[i].bwd);
+      if (choices_[i].recompute && block_first_[i] == i) drop_kept();
+    }
     return t;
   }
 
@@ -227,6 +256,17 @@ class TransientSim {
   int64_t block_bytes(size_t op, int param) const { return 4 * block_numel(op, param); }  // fp32 gradient
   int key(size_t op, const Event& e) const { return base_[op] + 2 * e.block + e.param; }
   int64_t live() const { return gathered_bytes_ + own_bytes_ + flight_bytes_; }
+  // The first op of op i's block (i itself outside blocks), and whether i ends a recomputed block.
+  void find_blocks() {
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      const std::string b = block_of(ops_[i].name);
+      block_first_.push_back(!b.empty() && i > 0 && block_of(ops_[i - 1].name) == b ? block_first_[i - 1]
+                                                                                    : i);
+    }
+  }
+  bool recomputes_last(size_t i) const {
+    return choices_[i].recompute && (i + 1 == ops_.size() || block_first_[i + 1] != block_first_[i]);
+  }
 
   // The engine's fusion (DataParallel): sharded params of at most fuse_bytes (fp32) go together per block and
   // strategy, in groups of two or more.
@@ -262,14 +302,41 @@ class TransientSim {
   }
 
   void record_trace() {
-    for (bool backward : {false, true})
-      for (size_t k = 0; k < ops_.size(); ++k) {
-        const size_t i = backward ? ops_.size() - 1 - k : k;
-        if (!gathers_on_use(choices_[i].strategy)) continue;
-        for (const Event& e : op_events(ops_[i], choices_[i].splits, backward))
-          if (e.ev == Ev::acquire && !group(key(i, e)))
-            trace_.push_back(gather_bytes_ * block_numel(i, e.param));
+    auto record = [&](size_t i, bool backward, std::set<int>* kept) {
+      if (!gathers_on_use(choices_[i].strategy)) return;
+      for (const Event& e : events_[i][backward]) {
+        if (e.ev != Ev::acquire || group(key(i, e))) continue;
+        if (kept && !backward && !kept->insert(key(i, e)).second) continue;  // already gathered and kept
+        if (kept && backward && kept->count(key(i, e))) continue;
+        trace_.push_back(gather_bytes_ * block_numel(i, e.param));
       }
+    };
+    for (size_t i = 0; i < ops_.size(); ++i) record(i, false, nullptr);
+    std::set<int> kept;
+    for (size_t i = ops_.size(); i-- > 0;) {
+      if (recomputes_last(i)) {
+        kept.clear();
+        for (size_t k = block_first_[i]; k <= i; ++k) record(k, false, &kept);
+      }
+      record(i, true, choices_[i].recompute ? &kept : nullptr);
+    }
+  }
+  // The end of a recomputed block's backward: what it kept and did not use again is released.
+  void drop_kept() {
+    for (int id : kept_) release(id);
+    kept_.clear();
+  }
+  void release(int id) {
+    if (group(id)) {
+      gathered_bytes_ -= fused_.at(id);
+      fused_.erase(id);
+      return;
+    }
+    const size_t at = in_use_[id].front();
+    in_use_[id].pop_front();
+    gathered_bytes_ -= gathered_.at(at);
+    gathered_.erase(at);
+    if (depth_ > 0) fill(pos_ + static_cast<size_t>(depth_));
   }
   void issue(size_t at) {
     gathered_[at] = trace_[at];
@@ -281,11 +348,13 @@ class TransientSim {
   }
   void play(size_t i, bool backward, int64_t* most) {
     const Strategy s = choices_[i].strategy;
-    for (const Event& e : op_events(ops_[i], choices_[i].splits, backward)) {
+    for (const Event& e : events_[i][backward]) {
       const int id = key(i, e);
       switch (e.ev) {
         case Ev::acquire: {
           if (!gathers_on_use(s)) break;
+          if (kept_.count(id)) break;  // gathered by the recomputed forward: taken again, not gathered
+          if (keeping_) kept_.insert(id);
           if (const std::vector<int>* g = group(id)) {  // the members not gathered yet, together
             if (!fused_.count(id))
               for (int m : *g)
@@ -306,17 +375,9 @@ class TransientSim {
           break;
         }
         case Ev::release: {
-          if (!gathers_on_use(s)) break;
-          if (group(id)) {
-            gathered_bytes_ -= fused_.at(id);
-            fused_.erase(id);
-            break;
-          }
-          const size_t at = in_use_[id].front();
-          in_use_[id].pop_front();
-          gathered_bytes_ -= gathered_.at(at);
-          gathered_.erase(at);
-          if (depth_ > 0) fill(pos_ + static_cast<size_t>(depth_));
+          if (!gathers_on_use(s) || keeping_) break;  // kept for the backward after the recomputed forward
+          kept_.erase(id);
+          release(id);
           break;
         }
         case Ev::grad:
@@ -375,6 +436,10 @@ class TransientSim {
   std::map<size_t, int64_t> gathered_;  // by trace position (or above the trace: on demand)
   std::map<int, std::deque<size_t>> in_use_;
   std::deque<int64_t> flight_;  // gradients being reduce-scattered, oldest first
+  std::vector<size_t> block_first_;
+  std::vector<std::array<std::vector<Event>, 2>> events_;  // per op: forward, backward
+  bool keeping_ = false;                                   // playing a recomputed forward
+  std::set<int> kept_;  // gathered by it and not yet released by the backward
   int64_t gathered_bytes_ = 0, own_bytes_ = 0, flight_bytes_ = 0;
 };
 
@@ -396,9 +461,11 @@ OpMoments transients_in_uniform_neighbourhood(const std::vector<OpShape>& ops, s
   const std::vector<OpShape> window(ops.begin() + static_cast<std::ptrdiff_t>(lo),
                                     ops.begin() + static_cast<std::ptrdiff_t>(hi));
   std::vector<OpChoice> plan;
+  const std::string block = block_of(ops[i].name);
   for (const OpShape& op : window) {
     const bool split = op.kind == "linear" && op.out_features % c.splits == 0;
-    plan.push_back(OpChoice{c.strategy, split ? c.splits : 1});
+    const bool same_block = !block.empty() && block_of(op.name) == block;  // recomputes as a whole
+    plan.push_back(OpChoice{c.strategy, split ? c.splits : 1, c.recompute && same_block});
   }
   plan[i - lo] = c;
   return simulate_transients(window, plan, world, prefetch, accum, prec, fuse_bytes, per_host).ops[i - lo];

@@ -24,6 +24,13 @@ bool glob_match(const std::string& pattern, const std::string& name) {
   return p == pattern.size();
 }
 
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::none;
+  if (s == "all") return Recompute::all;
+  if (s == "auto") return Recompute::auto_;
+  throw UsageError("--recompute: expected none, all or auto, got '" + s + "'");
+}
+
 Plan uniform_plan(Strategy s) {
   Plan p;
   p.source = std::string("--strategy ") + strategy_name(s);
@@ -73,8 +80,12 @@ Plan parse_plan(const std::string& text, const std::string& path) {
       } else if (f.key() == "splits") {
         e.has_splits = true;
         e.splits = static_cast<int>(json_integer(*f, what + ": splits", 1, 1 << 16));
+      } else if (f.key() == "recompute") {
+        if (!f->is_boolean()) throw UsageError(what + ": recompute must be true or false");
+        e.has_recompute = true;
+        e.recompute = f->get<bool>();
       } else if (f.key() != "note") {
-        throw UsageError(what + ": unknown field '" + f.key() + "' (expected strategy, splits)");
+        throw UsageError(what + ": unknown field '" + f.key() + "' (expected strategy, splits, recompute)");
       }
     }
     plan.entries.push_back(e);
@@ -103,9 +114,28 @@ std::map<std::string, OpChoice> resolve_plan(const Plan& plan, const std::vector
                            std::to_string(op.out_features) + " output features of " + op.name);
         c.splits = e.splits;
       }
+      if (e.has_recompute) {
+        if (!block_of(op.name).empty())
+          c.recompute = e.recompute;
+        else if (e.recompute && e.pattern.find_first_of("*?") == std::string::npos)
+          throw UsageError("--plan " + plan.source + ": entry '" + e.pattern + "': recompute applies to " +
+                           "GPT blocks (blocks.<i>.*), " + op.name + " is not in one");
+      }
     }
     if (matched == 0)
       throw UsageError("--plan " + plan.source + ": entry '" + e.pattern + "' matches no op of the model");
+  }
+  // A block recomputes as a whole.
+  std::map<std::string, const OpShape*> first_of_block;
+  for (const OpShape& op : ops) {
+    const std::string block = block_of(op.name);
+    if (block.empty()) continue;
+    const OpShape*& first = first_of_block[block];
+    if (!first) first = &op;
+    if (out.at(op.name).recompute != out.at(first->name).recompute)
+      throw UsageError("--plan " + plan.source + ": recompute is per block: " + first->name + " has " +
+                       (out.at(first->name).recompute ? "true" : "false") + ", " + op.name + " has " +
+                       (out.at(op.name).recompute ? "true" : "false") + " (set it on " + block + ".*)");
   }
   return out;
 }
@@ -113,6 +143,11 @@ std::map<std::string, OpChoice> resolve_plan(const Plan& plan, const std::vector
 std::vector<Strategy> apply_plan(const std::map<std::string, OpChoice>& choices, Model& model) {
   for (Op* op : model.ops())
     if (auto* lin = dynamic_cast<Linear*>(op)) lin->set_splits(model.params(), choices.at(op->name()).splits);
+  for (Block* b : model.blocks()) b->set_recompute(false);
+  for (Op* op : model.ops())
+    if (choices.at(op->name()).recompute)
+      for (Block* b : model.blocks())
+        if (b->name() == block_of(op->name())) b->set_recompute(true);
   std::map<const ShardedParam*, Strategy> by_param;
   for (Op* op : model.ops())
     for (ShardedParam* p : op->params()) by_param[p] = choices.at(op->name()).strategy;

@@ -21,6 +21,18 @@ Plan plan_of(const RunSpec& spec) {
   per_rank_batch(spec);
   Plan plan = spec.plan_file.empty() ? uniform_plan(parse_strategy(spec.strategy, "--strategy"))
                                      : load_plan(spec.plan_file);
+  if (spec.cost.recompute != Recompute::auto_) {  // the flag overrides the plan's
+    bool blocks = false;
+    for (const OpShape& op : op_shapes(spec.model)) blocks = blocks || !block_of(op.name).empty();
+    if (!blocks && spec.cost.recompute == Recompute::all)
+      throw UsageError("--recompute all: " + spec.model.describe() +
+                       " has no blocks to recompute (recomputation is per GPT block)");
+    PlanEntry e;
+    e.pattern = "*";
+    e.has_recompute = true;
+    e.recompute = spec.cost.recompute == Recompute::all;
+    plan.entries.push_back(e);
+  }
   if (plan.world != 0 && plan.world != spec.world())
     throw UsageError("--plan " + spec.plan_file + ": made for " + std::to_string(plan.world) +
                      " ranks, this run has " + std::to_string(spec.world()));
@@ -49,8 +61,9 @@ MemoryEstimate estimate_for(const RunSpec& spec, ActivationProfile* probe_cache)
   const auto choices = resolve_plan(plan, ops);
   ActivationProfile local;
   ActivationProfile& act = probe_cache ? *probe_cache : local;
-  if (act.micro_batch != micro)
-    act = probe_activations(spec.model, micro, spec.seed, spec.cost.precision.compute);
+  const std::set<std::string> recompute = recomputed_blocks(choices);
+  if (act.micro_batch != micro || act.recompute != recompute)
+    act = probe_activations(spec.model, micro, spec.seed, spec.cost.precision.compute, recompute);
   return estimate_memory(ops, choices, spec.world(), spec.cost.prefetch, spec.cost.optim_states,
                          per_rank_batch(spec) / micro, act, spec.cost.precision, spec.cost.fuse_bytes,
                          spec.cost.ranks_per_host);
@@ -153,7 +166,8 @@ void print_plan(const CostModel& m, const SearchResult& r,
       int64_t params = 0;
       for (int64_t n : m.ops()[i].param_numels) params += n;
       const std::string choice = std::string(strategy_name(cc.choice.strategy)) +
-                                 (cc.choice.splits > 1 ? " x" + std::to_string(cc.choice.splits) : "");
+                                 (cc.choice.splits > 1 ? " x" + std::to_string(cc.choice.splits) : "") +
+                                 (cc.choice.recompute ? " rc" : "");
       std::printf("%-24s %11lld %-10s %14s %13s %9.2f", m.ops()[i].name.c_str(), (long long)params,
                   choice.c_str(), mib(cc.mem.persistent()).c_str(), mib(cc.transient_bytes).c_str(),
                   cc.time_ms);
@@ -172,6 +186,30 @@ void print_plan(const CostModel& m, const SearchResult& r,
     std::printf(
         "  per step per rank: %.2f MiB within its host, %.2f MiB between hosts (%d hosts x %d ranks)\n",
         intra / 1048576.0, inter / 1048576.0, m.options().hosts(), m.options().per_host());
+  // Which blocks recompute, and why: the activations it frees, for the forward it runs again.
+  int blocks = 0, recomputed = 0, first = -1, last = -1;
+  int64_t freed = 0;
+  double again_ms = 0;
+  for (size_t i = 0; i < m.ops().size(); ++i) {
+    const int b = m.block_index(i);
+    if (b < 0) continue;
+    const bool new_block = i == 0 || m.block_index(i - 1) != b;
+    blocks += new_block;
+    if (!c.per_op[i].choice.recompute) continue;
+    OpChoice kept = c.per_op[i].choice;  // the same op keeping its activations
+    kept.recompute = false;
+    again_ms += c.per_op[i].time_ms - m.cost(i, kept, c.micro_batch).time_ms;
+    if (!new_block) continue;
+    ++recomputed, last = b, first = first < 0 ? b : first;
+    freed += m.block_kept_bytes(b, false, c.micro_batch) - m.block_kept_bytes(b, true, c.micro_batch);
+  }
+  if (recomputed > 0)
+    std::printf(
+        "  recomputes %d of %d blocks (blocks.%d%s%d): keeping their inputs alone frees %s MiB of "
+        "activations "
+        "%s; running their forward again adds %.1f ms per step (what communication does not hide)\n",
+        recomputed, blocks, first, recomputed == last - first + 1 ? "-" : " ... ", last, mib(freed).c_str(),
+        mem_limit > 0 ? "the budget needs" : "(asked for)", again_ms);
   for (const auto& [name, b] : base)
     std::printf("  %-18s peak %8s MiB, step %9.1f ms, %8.0f tokens/s%s\n", (name + " everywhere:").c_str(),
                 mib(b.cost.peak_bytes).c_str(), b.cost.step_ms, b.cost.tokens_per_s,

@@ -42,14 +42,16 @@ std::string cpu_model() {
   return "unknown";
 }
 
-// t = α + β·bytes minimising the squared relative error (small and large sizes count alike); α, β ≥ 0.
-// Residual: RMS of the relative error.
+// t = α + β·bytes minimising the squared relative error, each size weighted by the time it takes: a step's
+// time is mostly its large transfers, and on a shaped link the small ones ride the token bucket's burst (a 64
+// KiB all-reduce at 12 MB/s, 16 MiB at 4.4), so weighting sizes alike fitted 7 MB/s and predicted hybrid
+// steps 35 % short. α, β ≥ 0. Residual: RMS of the relative error.
 CollectiveFit fit(const std::vector<std::pair<double, double>>& pts) {
   CollectiveFit f;
   f.points = pts;
   double S = 0, Sx = 0, Sy = 0, Sxx = 0, Sxy = 0;
   for (auto [x, y] : pts) {
-    const double w = 1.0 / std::max(1e-9, y * y);
+    const double w = 1.0 / std::max(1e-9, y);
     S += w, Sx += w * x, Sy += w * y, Sxx += w * x * x, Sxy += w * x * y;
   }
   const double det = S * Sxx - Sx * Sx;
@@ -100,12 +102,21 @@ void profile_compute(const ModelConfig& cfg, int64_t b, const ProfileOptions& o,
   }
   set_op_observer(nullptr);
   const ActivationProfile act = probe_activations(cfg, b, seed, o.precision.compute);
+  std::set<std::string> blocks;  // a second probe with every block recomputing
+  for (const OpProfile& op : p.ops)
+    if (!block_of(op.name).empty()) blocks.insert(block_of(op.name));
+  const ActivationProfile rc =
+      blocks.empty() ? ActivationProfile{} : probe_activations(cfg, b, seed, o.precision.compute, blocks);
   for (OpProfile& op : p.ops) {
     op.fwd_ms[b] = median(fwd[op.name]);
     op.bwd_ms[b] = median(bwd[op.name]);
     auto it = act.op_bytes.find(op.name);
     op.act_bytes[b] = it == act.op_bytes.end() ? 0 : it->second;
     op.act_moments[b] = act.moments.count(op.name) ? act.moments.at(op.name) : OpMoments{};
+    if (block_of(op.name).empty()) continue;
+    it = rc.op_bytes.find(op.name);
+    op.act_bytes_rc[b] = it == rc.op_bytes.end() ? 0 : it->second;
+    op.act_moments_rc[b] = rc.moments.count(op.name) ? rc.moments.at(op.name) : OpMoments{};
   }
   p.loss_peak_bytes[b] = act.loss_peak;
   p.loss_fwd_ms[b] = median(loss_fwd);  // the span after the last op: the loss
@@ -216,7 +227,7 @@ double uniform_step_ms(const Profile& p, Strategy s, int64_t b) {
 
 std::vector<OpProfile> unmeasured(const std::vector<OpShape>& shapes) {
   std::vector<OpProfile> out;
-  for (const OpShape& s : shapes) out.push_back(OpProfile{s, {}, {}, {}, {}});
+  for (const OpShape& s : shapes) out.push_back(OpProfile{s, {}, {}, {}, {}, {}, {}});
   return out;
 }
 
@@ -301,7 +312,7 @@ nlohmann::json profile_to_json(const Profile& p) {
     return j;
   };
   nlohmann::json ops = nlohmann::json::array();
-  for (const OpProfile& o : p.ops)
+  for (const OpProfile& o : p.ops) {
     ops.push_back({{"name", o.name},
                    {"kind", o.kind},
                    {"param_numels", o.param_numels},
@@ -310,6 +321,10 @@ nlohmann::json profile_to_json(const Profile& p) {
                    {"bwd_ms", by_b(o.bwd_ms)},
                    {"act_bytes", by_b(o.act_bytes)},
                    {"act_moments", moments_json(o.act_moments)}});
+    if (!o.act_moments_rc.empty())
+      ops.back()["recompute"] = {{"act_bytes", by_b(o.act_bytes_rc)},
+                                 {"act_moments", moments_json(o.act_moments_rc)}};
+  }
   nlohmann::json coll = nlohmann::json::object();
   for (const auto& [k, f] : p.collectives)
     coll[k] = {{"alpha_ms", f.alpha_ms},
@@ -418,15 +433,25 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
       if (numels != o.param_numels) throw bad("ops." + o.name, "parameter sizes do not match the model");
       read_b(ops[i].at("fwd_ms"), "ops." + o.name + ".fwd_ms", o.fwd_ms);
       read_b(ops[i].at("bwd_ms"), "ops." + o.name + ".bwd_ms", o.bwd_ms);
+      auto read_moments = [&](const nlohmann::json& by_b, const std::string& field,
+                              std::map<int64_t, OpMoments>& out) {
+        for (int64_t b : p.micro_batches) {
+          const auto& v = by_b.at(std::to_string(b));
+          if (!v.is_array() || v.size() != 4)
+            throw UsageError(field + ": expected 4 byte counts per micro-batch");
+          int64_t m[4];
+          for (size_t k = 0; k < 4; ++k) m[k] = json_integer(v[k], field, 0, kMaxBytes);
+          out[b] = OpMoments{m[0], m[1], m[2], m[3]};
+        }
+      };
       read_b(ops[i].at("act_bytes"), "ops." + o.name + ".act_bytes", o.act_bytes, true);
-      for (int64_t b : p.micro_batches) {
-        const std::string field = what + ": ops." + o.name + ".act_moments";
-        const auto& v = ops[i].at("act_moments").at(std::to_string(b));
-        if (!v.is_array() || v.size() != 4)
-          throw UsageError(field + ": expected 4 byte counts per micro-batch");
-        int64_t m[4];
-        for (size_t k = 0; k < 4; ++k) m[k] = json_integer(v[k], field, 0, kMaxBytes);
-        o.act_moments[b] = OpMoments{m[0], m[1], m[2], m[3]};
+      read_moments(ops[i].at("act_moments"), what + ": ops." + o.name + ".act_moments", o.act_moments);
+      if (ops[i].contains("recompute")) {  // optional: profiles before recomputation have none
+        if (block_of(o.name).empty()) throw bad("ops." + o.name + ".recompute", "the op is in no block");
+        const auto& rc = ops[i].at("recompute");
+        read_b(rc.at("act_bytes"), "ops." + o.name + ".recompute.act_bytes", o.act_bytes_rc, true);
+        read_moments(rc.at("act_moments"), what + ": ops." + o.name + ".recompute.act_moments",
+                     o.act_moments_rc);
       }
       p.ops.push_back(o);
     }

@@ -6,6 +6,12 @@
 // under it, and giving the knapsack a budget of limit − B; persistent bytes are rounded up to budget/buckets.
 // Each bound's best plan is then checked with the engine's own simulation (CostModel::evaluate), which also
 // sees what neighbours of different strategies do to each other, and kept only if it fits.
+// Recomputation (a choice per GPT block): a block's ops are decided together — the knapsack runs the block
+// once recomputing and once not, from the same state, and keeps the better at each weight. What a block keeps
+// through the step then depends on its choice: it is charged as weight (beside the persistent bytes), and an
+// op's load is what lies above the blocks' kept activations. So the rule counts every block's kept bytes at
+// every moment: exact at the end of forward (all of them are live, and GPT's peak falls there or in the last
+// blocks' backward), above the truth by the later blocks' share elsewhere — a plan the rule admits fits.
 #include "slimshard/search.h"
 
 #include <algorithm>
@@ -25,17 +31,32 @@ struct Candidate {
   std::vector<int64_t> bounds;                  // bounds on the largest load, ascending
 };
 
-Candidate costed(const CostModel& m, int64_t micro) {
+// Bounds above the budget admit nothing; the rest are thinned to kMaxBounds (evenly, the largest kept).
+Candidate costed(const CostModel& m, int64_t micro, int64_t mem_limit) {
   Candidate c;
   for (size_t i = 0; i < m.ops().size(); ++i) {
-    std::vector<ChoiceCost> v;
-    for (OpChoice ch : m.candidates(i)) v.push_back(m.cost(i, ch, micro));
+    std::vector<ChoiceCost> all, v;
+    for (OpChoice ch : m.candidates(i)) all.push_back(m.cost(i, ch, micro));
+    // A choice no faster, no lighter and with no smaller load than another (deciding recomputation alike)
+    // is never needed: the other serves wherever it would.
+    std::stable_sort(all.begin(), all.end(),
+                     [](const ChoiceCost& a, const ChoiceCost& b) { return a.time_ms < b.time_ms; });
+    for (const ChoiceCost& cc : all) {
+      bool dominated = false;
+      for (const ChoiceCost& k : v)
+        dominated = dominated || (k.choice.recompute == cc.choice.recompute && k.time_ms <= cc.time_ms &&
+                                  k.mem.persistent() + k.kept_bytes <= cc.mem.persistent() + cc.kept_bytes &&
+                                  k.load_bytes <= cc.load_bytes);
+      if (!dominated) v.push_back(cc);
+    }
     for (const auto& cc : v) c.bounds.push_back(cc.load_bytes);
     c.per_op.push_back(std::move(v));
   }
-  c.bounds.push_back(m.activations(micro).loss);
+  c.bounds.push_back(m.loss_load(micro));
   std::sort(c.bounds.begin(), c.bounds.end());
   c.bounds.erase(std::unique(c.bounds.begin(), c.bounds.end()), c.bounds.end());
+  if (mem_limit > 0)
+    c.bounds.erase(std::upper_bound(c.bounds.begin(), c.bounds.end(), mem_limit), c.bounds.end());
   if (c.bounds.size() > kMaxBounds) {  // evenly thinned, the largest kept
     std::vector<int64_t> thin;
     for (size_t k = 0; k < kMaxBounds; ++k)
@@ -49,7 +70,29 @@ int64_t unit_for(int64_t budget, int buckets) {
   return std::max<int64_t>(1, (budget + buckets - 1) / buckets);
 }
 
-int64_t weight(const ChoiceCost& c, int64_t unit) { return (c.mem.persistent() + unit - 1) / unit; }
+int64_t weight(const ChoiceCost& c, int64_t unit) {
+  return (c.mem.persistent() + c.kept_bytes + unit - 1) / unit;
+}
+
+// The ops decided together: a block's when recomputation is chosen per block, else each op alone. [begin,
+// end)
+std::vector<std::pair<size_t, size_t>> segments(const CostModel& m) {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t i = 0; i < m.ops().size(); ++i) {
+    const int b = m.block_index(i);
+    if (m.recompute_is_choice() && b >= 0 && !out.empty() && i > 0 && m.block_index(i - 1) == b)
+      out.back().second = i + 1;
+    else
+      out.emplace_back(i, i + 1);
+  }
+  return out;
+}
+
+// The recomputation a segment's branch allows: -1 any (a segment decided op by op), else 0 or 1.
+std::vector<int> branches(const CostModel& m, std::pair<size_t, size_t> seg) {
+  if (m.recompute_is_choice() && m.block_index(seg.first) >= 0) return {0, 1};
+  return {-1};
+}
 
 SearchResult result_from(const CostModel& m, const std::vector<size_t>& pick, const Candidate& cand,
                          int64_t micro) {
@@ -70,37 +113,66 @@ std::vector<size_t> fastest(const Candidate& cand) {
 
 // The fastest choices with every load ≤ B and the persistent bytes within limit − B (rounded up to
 // buckets): an index per op, or empty if none; *time its sum of op times.
-std::vector<size_t> knapsack(const Candidate& cand, int64_t B, const SearchOptions& o, double* time) {
-  const size_t n = cand.per_op.size();
+// What the knapsack writes its choices into, allocated once per search (only entries written are read).
+struct KnapsackScratch {
+  std::vector<uint8_t> arg[2];  // per branch: the choice of op i at weight u
+  std::vector<uint8_t> branch;  // per segment: the branch kept at weight u
+  void size_for(size_t ops, size_t segs, size_t W) {
+    for (auto& a : arg)
+      if (a.size() < ops * W) a.resize(ops * W);
+    if (branch.size() < segs * W) branch.resize(segs * W);
+  }
+};
+
+std::vector<size_t> knapsack(const CostModel& m, const Candidate& cand, int64_t B, const SearchOptions& o,
+                             KnapsackScratch& scratch, double* time) {
+  const size_t n = cand.per_op.size(), W = static_cast<size_t>(o.memory_buckets) + 1;
   const int M = o.memory_buckets;
   const int64_t unit = unit_for(o.mem_limit - B, M);
-  std::vector<double> dp(static_cast<size_t>(M) + 1, 0.0), next(static_cast<size_t>(M) + 1);
-  std::vector<uint8_t> arg(n * (static_cast<size_t>(M) + 1));
-  for (size_t i = 0; i < n; ++i) {
-    std::fill(next.begin(), next.end(), kInf);
-    const auto& choices = cand.per_op[i];
-    for (size_t c = 0; c < choices.size(); ++c) {
-      if (choices[c].load_bytes > B) continue;
-      const int64_t w = weight(choices[c], unit);
-      if (w > M) continue;
-      const double t = choices[c].time_ms;
-      for (int64_t u = w; u <= M; ++u) {
-        const double v = dp[static_cast<size_t>(u - w)] + t;
-        if (v < next[static_cast<size_t>(u)]) {
-          next[static_cast<size_t>(u)] = v;
-          arg[i * (static_cast<size_t>(M) + 1) + static_cast<size_t>(u)] = static_cast<uint8_t>(c);
+  const auto segs = segments(m);
+  std::vector<double> dp(W, 0.0), cur(W), next(W), best(W);
+  scratch.size_for(n, segs.size(), W);
+  std::vector<uint8_t>* arg = scratch.arg;
+  uint8_t* branch_of = scratch.branch.data();
+  for (size_t s = 0; s < segs.size(); ++s) {
+    std::fill(best.begin(), best.end(), kInf);
+    for (int r : branches(m, segs[s])) {
+      const size_t slot = r > 0 ? 1 : 0;
+      cur = dp;
+      for (size_t i = segs[s].first; i < segs[s].second; ++i) {
+        std::fill(next.begin(), next.end(), kInf);
+        const auto& choices = cand.per_op[i];
+        for (size_t c = 0; c < choices.size(); ++c) {
+          if (choices[c].load_bytes > B) continue;
+          if (r >= 0 && choices[c].choice.recompute != (r == 1)) continue;
+          const int64_t w = weight(choices[c], unit);
+          if (w > M) continue;
+          const double t = choices[c].time_ms;
+          for (int64_t u = w; u <= M; ++u) {
+            const double v = cur[static_cast<size_t>(u - w)] + t;
+            if (v < next[static_cast<size_t>(u)]) {
+              next[static_cast<size_t>(u)] = v;
+              arg[slot][i * W + static_cast<size_t>(u)] = static_cast<uint8_t>(c);
+            }
+          }
         }
+        std::swap(cur, next);
       }
+      for (size_t u = 0; u < W; ++u)
+        if (cur[u] < best[u]) best[u] = cur[u], branch_of[s * W + u] = static_cast<uint8_t>(slot);
     }
-    std::swap(dp, next);
-    if (!(dp[static_cast<size_t>(M)] < kInf)) return {};
+    std::swap(dp, best);
+    if (!(dp[W - 1] < kInf)) return {};
   }
-  *time = dp[static_cast<size_t>(M)];
+  *time = dp[W - 1];
   std::vector<size_t> pick(n, 0);
   int64_t u = M;
-  for (size_t i = n; i-- > 0;) {
-    pick[i] = arg[i * (static_cast<size_t>(M) + 1) + static_cast<size_t>(u)];
-    u -= weight(cand.per_op[i][pick[i]], unit);
+  for (size_t s = segs.size(); s-- > 0;) {
+    const size_t slot = branch_of[s * W + static_cast<size_t>(u)];
+    for (size_t i = segs[s].second; i-- > segs[s].first;) {
+      pick[i] = arg[slot][i * W + static_cast<size_t>(u)];
+      u -= weight(cand.per_op[i][pick[i]], unit);
+    }
   }
   return pick;
 }
@@ -120,6 +192,8 @@ PlanCost frugal(const CostModel& m, int64_t micro) {
     OpChoice best{Strategy::zero3, 1};
     int64_t best_peak = std::numeric_limits<int64_t>::max();
     for (OpChoice c : m.candidates(i)) {
+      // Recomputing keeps less; a block decides it as a whole.
+      if (m.recompute_is_choice() && m.block_index(i) >= 0 && !c.recompute) continue;
       const ChoiceCost cc = m.cost(i, c, micro);
       const int64_t p = cc.mem.persistent() + cc.load_bytes;
       if (p < best_peak) best_peak = p, best = c;
@@ -141,12 +215,13 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
     PlanCost p = frugal(m, b);
     if (p.peak_bytes < best.peak_bytes) best = p;
   }
-  const int64_t activations = m.activations(best.micro_batch).highest();
+  const int64_t activations = best.activation_bytes;
+  const bool recomputing = m.recompute_is_choice() || m.options().recompute == Recompute::all;
   if (activations >= o.mem_limit)
     return "nothing fits in " + mib(o.mem_limit) + " per rank: the activations of one micro-batch of " +
            std::to_string(best.micro_batch) + " alone take " + mib(activations) +
-           "; more ranks do not shrink them (a shorter sequence would; activation recomputation is not "
-           "implemented)";
+           "; more ranks do not shrink them (a shorter sequence would" +
+           (recomputing ? "" : "; so would recomputation: --recompute auto or all") + ")";
   std::string msg = "nothing fits in " + mib(o.mem_limit) +
                     " per rank: the most frugal plan (zero3, largest splits) "
                     "at micro-batch " +
@@ -198,16 +273,27 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
 
 SearchResult search_plan(const CostModel& m, const SearchOptions& o) {
   SearchResult best;
+  KnapsackScratch scratch;
   for (int64_t micro : m.micro_batches()) {
-    const Candidate cand = costed(m, micro);
+    const Candidate cand = costed(m, micro, o.mem_limit);
     if (o.mem_limit <= 0) {
       keep_if_better(result_from(m, fastest(cand), cand, micro), o, best);
       continue;
     }
     for (int64_t B : cand.bounds) {
       if (o.mem_limit - B < 0) break;  // larger bounds leave even less
+      if (best.fits) {  // memory aside, the fastest choices under this bound: if not faster, nothing is
+        double fastest_ms = m.fixed_ms(micro);
+        for (const auto& choices : cand.per_op) {
+          double t_op = kInf;
+          for (const ChoiceCost& c : choices)
+            if (c.load_bytes <= B) t_op = std::min(t_op, c.time_ms);
+          fastest_ms += t_op;
+        }
+        if (fastest_ms >= best.cost.step_ms) continue;
+      }
       double t = 0;
-      const std::vector<size_t> pick = knapsack(cand, B, o, &t);
+      const std::vector<size_t> pick = knapsack(m, cand, B, o, scratch, &t);
       if (pick.empty() || (best.fits && t + m.fixed_ms(micro) >= best.cost.step_ms)) continue;
       keep_if_better(result_from(m, pick, cand, micro), o, best);
     }
@@ -219,35 +305,50 @@ SearchResult search_plan(const CostModel& m, const SearchOptions& o) {
 SearchResult brute_force_plan(const CostModel& m, const SearchOptions& o) {
   SearchResult best;
   for (int64_t micro : m.micro_batches()) {
-    const Candidate cand = costed(m, micro);
+    const Candidate cand = costed(m, micro, o.mem_limit);
     const size_t n = cand.per_op.size();
     // The search's rule, by enumeration: per bound B the fastest plan whose loads are ≤ B and whose rounded
-    // persistent bytes fit in limit − B; then each bound's plan checked by the simulation.
+    // persistent bytes fit in limit − B; then each bound's plan checked by the simulation. Recomputation per
+    // block: every assignment to the blocks in turn, each op's choices restricted to its block's.
     std::vector<double> best_time(cand.bounds.size(), kInf);
     std::vector<std::vector<size_t>> best_pick(cand.bounds.size());
-    std::vector<size_t> idx(n, 0);
-    for (;;) {
-      double t = 0;
-      int64_t most = 0;
+    int blocks = 0;
+    for (size_t i = 0; i < n; ++i) blocks = std::max(blocks, m.block_index(i) + 1);
+    const int assignments = m.recompute_is_choice() ? 1 << blocks : 1;
+    for (int rc = 0; rc < assignments; ++rc) {
+      std::vector<std::vector<size_t>> allowed(n);  // indices into cand.per_op[i]
       for (size_t i = 0; i < n; ++i)
-        t += cand.per_op[i][idx[i]].time_ms, most = std::max(most, cand.per_op[i][idx[i]].load_bytes);
-      for (size_t b = 0; b < cand.bounds.size(); ++b) {
-        const int64_t B = cand.bounds[b];
-        if (o.mem_limit <= 0) {
-          if (b > 0) break;
-        } else {
-          if (B < most) continue;
-          if (o.mem_limit - B < 0) break;
-          const int64_t unit = unit_for(o.mem_limit - B, o.memory_buckets);
-          int64_t units = 0;
-          for (size_t i = 0; i < n; ++i) units += weight(cand.per_op[i][idx[i]], unit);
-          if (units > o.memory_buckets) continue;
+        for (size_t c = 0; c < cand.per_op[i].size(); ++c) {
+          const int b = m.block_index(i);
+          if (!m.recompute_is_choice() || b < 0 ||
+              cand.per_op[i][c].choice.recompute == (((rc >> b) & 1) == 1))
+            allowed[i].push_back(c);
         }
-        if (t < best_time[b]) best_time[b] = t, best_pick[b] = idx;
+      std::vector<size_t> pos(n, 0), idx(n, 0);
+      for (;;) {
+        for (size_t i = 0; i < n; ++i) idx[i] = allowed[i][pos[i]];
+        double t = 0;
+        int64_t most = 0;
+        for (size_t i = 0; i < n; ++i)
+          t += cand.per_op[i][idx[i]].time_ms, most = std::max(most, cand.per_op[i][idx[i]].load_bytes);
+        for (size_t b = 0; b < cand.bounds.size(); ++b) {
+          const int64_t B = cand.bounds[b];
+          if (o.mem_limit <= 0) {
+            if (b > 0) break;
+          } else {
+            if (B < most) continue;
+            if (o.mem_limit - B < 0) break;
+            const int64_t unit = unit_for(o.mem_limit - B, o.memory_buckets);
+            int64_t units = 0;
+            for (size_t i = 0; i < n; ++i) units += weight(cand.per_op[i][idx[i]], unit);
+            if (units > o.memory_buckets) continue;
+          }
+          if (t < best_time[b]) best_time[b] = t, best_pick[b] = idx;
+        }
+        size_t i = 0;
+        while (i < n && ++pos[i] == allowed[i].size()) pos[i++] = 0;
+        if (i == n) break;
       }
-      size_t i = 0;
-      while (i < n && ++idx[i] == cand.per_op[i].size()) idx[i++] = 0;
-      if (i == n) break;
     }
     for (size_t b = 0; b < cand.bounds.size(); ++b)
       if (!best_pick[b].empty()) keep_if_better(result_from(m, best_pick[b], cand, micro), o, best);
@@ -259,7 +360,9 @@ SearchResult uniform_baseline(const CostModel& m, Strategy s, const SearchOption
   SearchResult best;
   for (int64_t micro : m.micro_batches()) {
     SearchResult r;
-    for (const OpProfile& op : m.ops()) r.choices[op.name] = OpChoice{s, 1};
+    for (size_t i = 0; i < m.ops().size(); ++i)  // recomputing where --recompute all says so
+      r.choices[m.ops()[i].name] =
+          OpChoice{s, 1, m.block_index(i) >= 0 && m.options().recompute == Recompute::all};
     r.cost = m.evaluate(r.choices, micro);
     r.fits = o.mem_limit <= 0 || r.cost.peak_bytes <= o.mem_limit;
     const bool better = best.choices.empty() || (r.fits && !best.fits) ||
@@ -292,6 +395,7 @@ nlohmann::ordered_json plan_to_json(const CostModel& m, const SearchResult& r) {
     const OpChoice c = r.choices.at(name);
     nlohmann::ordered_json e{{"strategy", strategy_name(c.strategy)}};
     if (c.splits != 1) e["splits"] = c.splits;
+    if (c.recompute) e["recompute"] = true;
     ops[name] = e;
   }
   j["ops"] = ops;

@@ -131,15 +131,38 @@ at::Tensor ShardedParam::replicated_value() const {
   return at::Tensor();
 }
 
+namespace {
+thread_local KeptGathers* t_keeping = nullptr;  // the recomputed forward running on this thread, if any
+}
+
+KeptGathers::KeptGathers() : outer_(t_keeping) { t_keeping = this; }
+
+void KeptGathers::stop_keeping() {
+  if (t_keeping == this) t_keeping = outer_;
+}
+
+KeptGathers::~KeptGathers() {
+  stop_keeping();
+  for (ShardedParam* p : kept_)
+    if (p->kept_.defined()) p->kept_.reset(), p->gatherer_->release(*p);
+}
+
 at::Tensor ShardedParam::materialize() {
   if (!gathers_on_use(strategy_)) return work_full_.defined() ? work_full_ : full_;
   if (!gatherer_) throw std::logic_error("zero3 param " + name_ + " has no gatherer");
+  if (kept_.defined()) return kept_.slice(0, 0, numel_).view(shape_);
   at::Tensor buf = gatherer_->acquire(*this);
+  if (t_keeping) kept_ = buf, t_keeping->kept_.push_back(this);
   return buf.slice(0, 0, numel_).view(shape_);
 }
 
 void ShardedParam::release() {
-  if (gathers_on_use(strategy_)) gatherer_->release(*this);
+  if (!gathers_on_use(strategy_)) return;
+  if (kept_.defined()) {
+    if (t_keeping) return;  // the backward after the recomputed forward uses it again
+    kept_.reset();
+  }
+  gatherer_->release(*this);
 }
 
 at::Tensor ShardedParam::grad_buffer() {

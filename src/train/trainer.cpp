@@ -571,6 +571,7 @@ RunSpec run_spec(const TrainOptions& o, int world, int ranks_per_host) {
   spec.cost.slim_overlapped = o.slim.apply == "next";
   spec.cost.precision = o.precision;
   spec.cost.fuse_bytes = o.fuse_bytes;
+  spec.cost.recompute = parse_recompute(o.recompute);
   spec.micro_batch = o.micro_batch;
   spec.mem_limit = o.mem_limit;
   spec.seed = o.seed;
