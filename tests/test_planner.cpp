@@ -38,6 +38,7 @@ Profile synthetic_profile(const ModelConfig& cfg, int world, unsigned seed) {
       op.act_bytes[b] = static_cast<int64_t>(2e5 * static_cast<double>(b) * u(rng));
       // A timeline that grows in forward and shrinks in backward, with scratch on top in each span.
       const int64_t before = kept[b], after = kept[b] += op.act_bytes[b];
+      op.live_before[b] = before;
       const auto scratch = [&] { return static_cast<int64_t>(5e4 * static_cast<double>(b) * u(rng)); };
       op.act_moments[b] =
           OpMoments{before + scratch(), after + scratch(), after + scratch(), after + scratch()};
@@ -45,32 +46,29 @@ Profile synthetic_profile(const ModelConfig& cfg, int world, unsigned seed) {
   for (int64_t b : p.micro_batches)
     p.loss_fwd_ms[b] = 0.1 * static_cast<double>(b), p.loss_bwd_ms[b] = 0.05, p.loss_act_bytes[b] = 1000 * b,
     p.backward_extra_bytes[b] = 5000 * b, p.loss_peak_bytes[b] = kept[b] + 1000 * b;
-  // With every block recomputing, as the probe sees it: a block keeps its input (a tenth of what it keeps
-  // otherwise, its first op's share); its forward moments stand on what the blocks before keep, its backward
-  // ones re-create the block's activations on top of them.
-  std::map<int64_t, int64_t> none_before, rc_before;  // what the blocks before the current one keep
+  // With every block recomputing, as the probe sees it: a block keeps a tenth of what it keeps otherwise;
+  // live before each op is less by what the blocks before no longer keep; a block's forward moments stand on
+  // that, its backward ones re-create the block's activations on top of it.
+  std::map<int64_t, int64_t> less, block_none;  // kept without minus with, by the blocks before; this block's
   std::string block;
   for (OpProfile& op : p.ops) {
-    if (block_of(op.name).empty()) continue;
-    const bool first = block_of(op.name) != block;
-    block = block_of(op.name);
-    for (int64_t b : p.micro_batches) {
-      const OpMoments& m = op.act_moments[b];
-      if (first) {
-        none_before[b] = m.before_fwd - 50000 * b;  // roughly: what was live before the block
-        int64_t block_kept = 0;
+    const std::string name = block_of(op.name);
+    if (name != block) {
+      for (int64_t b : p.micro_batches) less[b] += block_none[b] - block_none[b] / 10, block_none[b] = 0;
+      for (int64_t b : p.micro_batches)
         for (const OpProfile& o : p.ops)
-          if (block_of(o.name) == block) block_kept += o.act_bytes.at(b);
-        op.act_bytes_rc[b] = block_kept / 10;
-      } else {
-        op.act_bytes_rc[b] = 0;
-      }
-      const int64_t shift = rc_before[b] - none_before[b];
-      op.act_moments_rc[b] = OpMoments{rc_before[b] + op.act_bytes_rc[b], rc_before[b] + op.act_bytes_rc[b],
-                                       m.before_bwd + shift, m.bwd + shift};
+          if (!name.empty() && block_of(o.name) == name) block_none[b] += o.act_bytes.at(b);
     }
-    if (first)
-      for (int64_t b : p.micro_batches) rc_before[b] += op.act_bytes_rc[b];
+    const bool first = name != block;
+    block = name;
+    for (int64_t b : p.micro_batches) {
+      op.live_before_rc[b] = op.live_before.at(b) - less[b];
+      if (name.empty()) continue;
+      const OpMoments& m = op.act_moments[b];
+      op.act_bytes_rc[b] = first ? block_none[b] / 10 : 0;
+      const int64_t kept_rc = op.live_before_rc[b] + op.act_bytes_rc[b];
+      op.act_moments_rc[b] = OpMoments{kept_rc, kept_rc, m.before_bwd - less[b], m.bwd - less[b]};
+    }
   }
   for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"}) {
     CollectiveFit f;

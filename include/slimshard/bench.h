@@ -13,8 +13,8 @@
 namespace slimshard {
 
 struct BenchOptions {
-  RunSpec base;                         // the run every entry shares (world = ranks per run)
-  std::vector<std::string> entries;     // strategies, "osdp", "osdp-nohybrid" or plan files (*.json)
+  RunSpec base;                      // the run every entry shares (world = ranks per run)
+  std::vector<std::string> entries;  // strategies, "osdp", "osdp-nohybrid", "osdp-norecompute" or plan files
   std::vector<std::string> train_args;  // training flags forwarded to every run
   std::vector<std::string> model_args;  // the model flags among them (for the profile run)
   std::string launcher;                 // e.g. "mpirun --oversubscribe"; "-n N" is added

@@ -108,6 +108,16 @@ class CostModel {
   // Whether the search chooses recomputation per block (--recompute auto, a GPT, and activations measured
   // with recomputation).
   bool recompute_is_choice() const;
+  // The same model with --recompute none (its caches kept: they do not depend on that).
+  CostModel without_recompute() const {
+    CostModel m = *this;
+    m.o_.recompute = Recompute::none;
+    return m;
+  }
+  // Takes the transient simulations `other` (the same model, another --recompute) has run.
+  void adopt_caches(const CostModel& other) const {
+    transients_.insert(other.transients_.begin(), other.transients_.end());
+  }
   // What the search charges for the loss's moment (as ChoiceCost::load_bytes).
   int64_t loss_load(int64_t micro) const;
   // The block of op i (its index among the blocks), or -1.
@@ -140,8 +150,9 @@ class CostModel {
   // Recomputation: each op's block (-1 outside; blocks_ of them), whether activations were measured with it,
   // and per micro-batch the bytes each block keeps through the step without [0] and with [1] it.
   std::vector<int> block_, before_;  // before_: the blocks wholly before op i (its own block's index in one)
+  std::vector<size_t> first_op_;     // each block's first op, then the first op after the last block
   int blocks_ = 0;
-  bool rc_measured_ = false;
+  bool live_measured_ = false, rc_measured_ = false;
   mutable std::map<int64_t, std::array<std::vector<int64_t>, 2>> kept_;
   void find_blocks();
   const std::array<std::vector<int64_t>, 2>& block_kept(int64_t micro) const;

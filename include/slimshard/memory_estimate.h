@@ -33,9 +33,12 @@ struct ActivationProfile {
   std::set<std::string> recompute;           // the blocks that recomputed in the probe
   std::map<std::string, int64_t> op_bytes;   // kept for backward, attributed to the op that ends the span
   std::map<std::string, OpMoments> moments;  // the peak around and in each op
-  int64_t loss_peak = 0;                     // after the last op's forward: the loss
-  int64_t total_bytes = 0;                   // live at the end of forward
-  int64_t backward_extra = 0;                // the highest in backward, beyond `total_bytes`
+  // Live as each op's forward begins: between blocks, what the blocks before keep (nothing of a block's
+  // temporaries is left there, unlike at an op's end)
+  std::map<std::string, int64_t> live_before;
+  int64_t loss_peak = 0;       // after the last op's forward: the loss
+  int64_t total_bytes = 0;     // live at the end of forward
+  int64_t backward_extra = 0;  // the highest in backward, beyond `total_bytes`
 };
 // In mixed precision (`compute` bf16) the probe runs the model as training runs it, with bf16 working copies.
 // The blocks named in `recompute` recompute (nn.h: Block); what their recomputed forward holds is measured as

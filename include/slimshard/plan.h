@@ -20,6 +20,7 @@ namespace slimshard {
 enum class Recompute { none, all, auto_ };
 // "none" | "all" | "auto"; anything else is a UsageError.
 Recompute parse_recompute(const std::string& s);
+const char* recompute_name(Recompute r);
 
 struct OpChoice {
   Strategy strategy = Strategy::ddp;

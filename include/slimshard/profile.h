@@ -31,9 +31,11 @@ struct OpProfile : OpShape {
   std::map<int64_t, int64_t> act_bytes;  // per micro-batch: what the op (and the code before it) keeps live
   // Per micro-batch: the activation peaks around and in the op (the probe's timeline).
   std::map<int64_t, OpMoments> act_moments;
-  // The same from a probe with every GPT block recomputing (nn.h: Block), for the ops in blocks; empty when
-  // not measured.
-  std::map<int64_t, int64_t> act_bytes_rc;
+  // Per micro-batch: live as the op's forward begins (between blocks: what the blocks before keep).
+  std::map<int64_t, int64_t> live_before;
+  // The same from a probe with every GPT block recomputing (nn.h: Block): live_before for every op, the rest
+  // for the ops in blocks; empty when not measured.
+  std::map<int64_t, int64_t> act_bytes_rc, live_before_rc;
   std::map<int64_t, OpMoments> act_moments_rc;
 };
 // Ops with no measurements yet (what a profile or an analytic cost model starts from).

@@ -71,7 +71,7 @@ Runner add_bench(CLI::App& app) {
       ->capture_default_str()
       ->check(integer(1, 4096));
   sub->add_option("--strategies", flags->strategies,
-                  "comma-separated strategies (osdp, osdp-nohybrid too) and plan files")
+                  "comma-separated strategies (osdp, osdp-nohybrid, osdp-norecompute too) and plan files")
       ->capture_default_str();
   sub->add_option("--json", flags->json, "write the results as JSON");
   sub->add_option("--repeat", flags->repeat, "run every entry this many times, round-robin; report medians")
@@ -88,7 +88,7 @@ Runner add_bench(CLI::App& app) {
     // Bench's own flags and the ones each run sets itself are not forwarded.
     bench.train_args =
         flags_among({"-n", "--ranks", "--strategies", "--json", "--mpirun", "--strategy", "--plan",
-                     "--metrics", "--save-model", "--sample-tokens", "--profile", "--repeat"},
+                     "--metrics", "--save-model", "--sample-tokens", "--profile", "--repeat", "--recompute"},
                     false);
     if (!has_flag(bench.train_args, "--steps"))
       bench.train_args.push_back("--steps=" + std::to_string(flags->t.train.steps));

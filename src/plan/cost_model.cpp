@@ -135,6 +135,7 @@ CostModel CostModel::from_cluster(const ClusterSpec& c, const ModelConfig& cfg, 
       }
       op.fwd_ms[b] = fwd * 1e3;
       op.bwd_ms[b] = 2 * fwd * 1e3;
+      op.live_before[b] = static_cast<int64_t>(kept);
       op.act_bytes[b] = static_cast<int64_t>(act * e);
       kept += act * e;
       op.act_moments[b].before_fwd = op.act_moments[b].fwd = static_cast<int64_t>(kept);
@@ -171,24 +172,41 @@ CostModel CostModel::from_cluster(const ClusterSpec& c, const ModelConfig& cfg, 
       op.act_moments_rc[b].before_bwd = static_cast<int64_t>(static_cast<double>(none.before_bwd) + shift);
       op.act_moments_rc[b].bwd = static_cast<int64_t>(static_cast<double>(none.bwd) + shift);
     }
+    // Live before each op with every block recomputing: less, by what the blocks before no longer keep.
+    double less = 0, block_none = 0;
+    block.clear();
+    for (OpProfile& op : m.ops_) {
+      const std::string b_name = block_of(op.name);
+      if (b_name != block && !block.empty()) less += block_none - rows * C * e, block_none = 0;
+      block = b_name;
+      op.live_before_rc[b] = static_cast<int64_t>(static_cast<double>(op.live_before[b]) - less);
+      if (!b_name.empty()) block_none += static_cast<double>(op.act_bytes[b]);
+    }
   }
   m.find_blocks();
   return m;
 }
 
 void CostModel::find_blocks() {
-  block_.clear(), before_.clear(), blocks_ = 0;
+  block_.clear(), before_.clear(), first_op_.clear(), blocks_ = 0;
   std::string prev;
-  for (const OpProfile& op : ops_) {
-    const std::string b = block_of(op.name);
-    if (!b.empty() && b != prev) ++blocks_;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const std::string b = block_of(ops_[i].name);
+    if (!b.empty() && b != prev) ++blocks_, first_op_.push_back(i);
+    if (b.empty() && !prev.empty()) first_op_.push_back(i);  // the first op after a block
     prev = b;
     block_.push_back(b.empty() ? -1 : blocks_ - 1);
     before_.push_back(b.empty() ? blocks_ : blocks_ - 1);
   }
-  rc_measured_ = blocks_ > 0;
-  for (size_t i = 0; i < ops_.size(); ++i)
-    if (block_[i] >= 0 && ops_[i].act_moments_rc.size() != ops_[i].act_moments.size()) rc_measured_ = false;
+  // Kept bytes per block from the live bytes at block boundaries, where measured.
+  live_measured_ = blocks_ > 0 && first_op_.size() > static_cast<size_t>(blocks_);
+  rc_measured_ = live_measured_;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const size_t n = ops_[i].act_moments.size();
+    if (ops_[i].live_before.size() != n) live_measured_ = rc_measured_ = false;
+    if (ops_[i].live_before_rc.size() != n) rc_measured_ = false;
+    if (block_[i] >= 0 && ops_[i].act_moments_rc.size() != n) rc_measured_ = false;
+  }
   if (o_.recompute == Recompute::all && blocks_ > 0 && !rc_measured_)
     throw UsageError(
         "--recompute all: the profile has no activations measured with recomputation (it was "
@@ -202,10 +220,18 @@ const std::array<std::vector<int64_t>, 2>& CostModel::block_kept(int64_t micro) 
   if (it != kept_.end()) return it->second;
   std::array<std::vector<int64_t>, 2> k{std::vector<int64_t>(static_cast<size_t>(blocks_), 0),
                                         std::vector<int64_t>(static_cast<size_t>(blocks_), 0)};
-  for (size_t i = 0; i < ops_.size(); ++i) {
-    if (block_[i] < 0) continue;
-    k[0][static_cast<size_t>(block_[i])] += interp_bytes(ops_[i].act_bytes, micro);
-    if (rc_measured_) k[1][static_cast<size_t>(block_[i])] += interp_bytes(ops_[i].act_bytes_rc, micro);
+  if (live_measured_) {
+    // Live as the next block's first op (or the op after the blocks) begins, less as this block's began: a
+    // block's temporaries are gone there (at an op's end they are not, and the split would be off by them).
+    for (size_t j = 0; j < static_cast<size_t>(blocks_); ++j) {
+      const OpProfile &from = ops_[first_op_[j]], &to = ops_[first_op_[j + 1]];
+      k[0][j] = interp_bytes(to.live_before, micro) - interp_bytes(from.live_before, micro);
+      if (rc_measured_)
+        k[1][j] = interp_bytes(to.live_before_rc, micro) - interp_bytes(from.live_before_rc, micro);
+    }
+  } else {  // profiles before these were measured: the ops' own shares
+    for (size_t i = 0; i < ops_.size(); ++i)
+      if (block_[i] >= 0) k[0][static_cast<size_t>(block_[i])] += interp_bytes(ops_[i].act_bytes, micro);
   }
   return kept_[micro] = k;
 }

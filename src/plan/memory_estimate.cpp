@@ -41,6 +41,7 @@ ActivationProfile probe_activations(const ModelConfig& config, int64_t micro_bat
     // A recomputed forward inside backward: its peak stays for the backward moment that follows.
     if (recomputing() && (phase == OpPhase::forward_begin || phase == OpPhase::forward_end)) return;
     const int64_t peak = memory::peak_bytes() - base;
+    if (phase == OpPhase::forward_begin) prof.live_before.emplace(op.name(), memory::live_bytes() - base);
     OpMoments& m = prof.moments[op.name()];
     int64_t& into = phase == OpPhase::forward_begin    ? m.before_fwd
                     : phase == OpPhase::forward_end    ? m.fwd
@@ -525,10 +526,11 @@ void print_memory_estimate(const MemoryEstimate& est) {
               "param MiB", "grad MiB", "optim MiB", "transient", "activations");
   int64_t pb = 0, gb = 0, ob = 0;
   for (const OpMemory& m : est.ops) {
+    const std::string choice =
+        std::string(strategy_name(m.choice.strategy)) + (m.choice.recompute ? " rc" : "");
     std::printf("%-22s %10lld %-9s %6d %9s %9s %9s %11s %11s\n", m.op.c_str(), (long long)m.params,
-                strategy_name(m.choice.strategy), m.choice.splits, mib(m.param_bytes).c_str(),
-                mib(m.grad_bytes).c_str(), mib(m.optim_bytes).c_str(), mib(m.transient_bytes).c_str(),
-                mib(m.activation_bytes).c_str());
+                choice.c_str(), m.choice.splits, mib(m.param_bytes).c_str(), mib(m.grad_bytes).c_str(),
+                mib(m.optim_bytes).c_str(), mib(m.transient_bytes).c_str(), mib(m.activation_bytes).c_str());
     pb += m.param_bytes, gb += m.grad_bytes, ob += m.optim_bytes;
   }
   std::printf("%-22s %10s %-9s %6s %9s %9s %9s\n", "total", "", "", "", mib(pb).c_str(), mib(gb).c_str(),
@@ -548,6 +550,7 @@ nlohmann::json memory_estimate_json(const MemoryEstimate& est, int world) {
                    {"params", m.params},
                    {"strategy", strategy_name(m.choice.strategy)},
                    {"splits", m.choice.splits},
+                   {"recompute", m.choice.recompute},
                    {"param_bytes", m.param_bytes},
                    {"grad_bytes", m.grad_bytes},
                    {"optim_bytes", m.optim_bytes},

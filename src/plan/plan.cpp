@@ -31,6 +31,10 @@ Recompute parse_recompute(const std::string& s) {
   throw UsageError("--recompute: expected none, all or auto, got '" + s + "'");
 }
 
+const char* recompute_name(Recompute r) {
+  return r == Recompute::none ? "none" : r == Recompute::all ? "all" : "auto";
+}
+
 Plan uniform_plan(Strategy s) {
   Plan p;
   p.source = std::string("--strategy ") + strategy_name(s);

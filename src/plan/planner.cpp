@@ -187,7 +187,14 @@ void print_plan(const CostModel& m, const SearchResult& r,
         "  per step per rank: %.2f MiB within its host, %.2f MiB between hosts (%d hosts x %d ranks)\n",
         intra / 1048576.0, inter / 1048576.0, m.options().hosts(), m.options().per_host());
   // Which blocks recompute, and why: the activations it frees, for the forward it runs again.
-  int blocks = 0, recomputed = 0, first = -1, last = -1;
+  int blocks = 0, recomputed = 0;
+  std::string which;  // "0-3, 6"
+  int run_from = -1, run_to = -2;
+  auto close_run = [&] {
+    if (run_from < 0) return;
+    which += (which.empty() ? "" : ", ") + std::to_string(run_from) +
+             (run_to > run_from ? "-" + std::to_string(run_to) : "");
+  };
   int64_t freed = 0;
   double again_ms = 0;
   for (size_t i = 0; i < m.ops().size(); ++i) {
@@ -200,15 +207,18 @@ void print_plan(const CostModel& m, const SearchResult& r,
     kept.recompute = false;
     again_ms += c.per_op[i].time_ms - m.cost(i, kept, c.micro_batch).time_ms;
     if (!new_block) continue;
-    ++recomputed, last = b, first = first < 0 ? b : first;
+    ++recomputed;
+    if (b != run_to + 1) close_run(), run_from = b;
+    run_to = b;
     freed += m.block_kept_bytes(b, false, c.micro_batch) - m.block_kept_bytes(b, true, c.micro_batch);
   }
+  close_run();
   if (recomputed > 0)
     std::printf(
-        "  recomputes %d of %d blocks (blocks.%d%s%d): keeping their inputs alone frees %s MiB of "
+        "  recomputes %d of %d blocks (blocks %s): keeping their inputs alone frees %s MiB of "
         "activations "
         "%s; running their forward again adds %.1f ms per step (what communication does not hide)\n",
-        recomputed, blocks, first, recomputed == last - first + 1 ? "-" : " ... ", last, mib(freed).c_str(),
+        recomputed, blocks, which.c_str(), mib(freed).c_str(),
         mem_limit > 0 ? "the budget needs" : "(asked for)", again_ms);
   for (const auto& [name, b] : base)
     std::printf("  %-18s peak %8s MiB, step %9.1f ms, %8.0f tokens/s%s\n", (name + " everywhere:").c_str(),

@@ -113,6 +113,9 @@ void profile_compute(const ModelConfig& cfg, int64_t b, const ProfileOptions& o,
     auto it = act.op_bytes.find(op.name);
     op.act_bytes[b] = it == act.op_bytes.end() ? 0 : it->second;
     op.act_moments[b] = act.moments.count(op.name) ? act.moments.at(op.name) : OpMoments{};
+    op.live_before[b] = act.live_before.count(op.name) ? act.live_before.at(op.name) : 0;
+    if (blocks.empty()) continue;
+    op.live_before_rc[b] = rc.live_before.count(op.name) ? rc.live_before.at(op.name) : 0;
     if (block_of(op.name).empty()) continue;
     it = rc.op_bytes.find(op.name);
     op.act_bytes_rc[b] = it == rc.op_bytes.end() ? 0 : it->second;
@@ -227,7 +230,7 @@ double uniform_step_ms(const Profile& p, Strategy s, int64_t b) {
 
 std::vector<OpProfile> unmeasured(const std::vector<OpShape>& shapes) {
   std::vector<OpProfile> out;
-  for (const OpShape& s : shapes) out.push_back(OpProfile{s, {}, {}, {}, {}, {}, {}});
+  for (const OpShape& s : shapes) out.push_back(OpProfile{s, {}, {}, {}, {}, {}, {}, {}, {}});
   return out;
 }
 
@@ -320,10 +323,12 @@ nlohmann::json profile_to_json(const Profile& p) {
                    {"fwd_ms", by_b(o.fwd_ms)},
                    {"bwd_ms", by_b(o.bwd_ms)},
                    {"act_bytes", by_b(o.act_bytes)},
-                   {"act_moments", moments_json(o.act_moments)}});
+                   {"act_moments", moments_json(o.act_moments)},
+                   {"live_before", by_b(o.live_before)}});
+    if (!o.live_before_rc.empty()) ops.back()["recompute"] = {{"live_before", by_b(o.live_before_rc)}};
     if (!o.act_moments_rc.empty())
-      ops.back()["recompute"] = {{"act_bytes", by_b(o.act_bytes_rc)},
-                                 {"act_moments", moments_json(o.act_moments_rc)}};
+      ops.back()["recompute"].update(
+          {{"act_bytes", by_b(o.act_bytes_rc)}, {"act_moments", moments_json(o.act_moments_rc)}});
   }
   nlohmann::json coll = nlohmann::json::object();
   for (const auto& [k, f] : p.collectives)
@@ -446,12 +451,20 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
       };
       read_b(ops[i].at("act_bytes"), "ops." + o.name + ".act_bytes", o.act_bytes, true);
       read_moments(ops[i].at("act_moments"), what + ": ops." + o.name + ".act_moments", o.act_moments);
-      if (ops[i].contains("recompute")) {  // optional: profiles before recomputation have none
-        if (block_of(o.name).empty()) throw bad("ops." + o.name + ".recompute", "the op is in no block");
+      // Optional: profiles taken before recomputation have none of these.
+      if (ops[i].contains("live_before"))
+        read_b(ops[i].at("live_before"), "ops." + o.name + ".live_before", o.live_before);
+      if (ops[i].contains("recompute")) {
         const auto& rc = ops[i].at("recompute");
-        read_b(rc.at("act_bytes"), "ops." + o.name + ".recompute.act_bytes", o.act_bytes_rc, true);
-        read_moments(rc.at("act_moments"), what + ": ops." + o.name + ".recompute.act_moments",
-                     o.act_moments_rc);
+        if (rc.contains("live_before"))
+          read_b(rc.at("live_before"), "ops." + o.name + ".recompute.live_before", o.live_before_rc);
+        if (rc.contains("act_moments")) {
+          if (block_of(o.name).empty())
+            throw bad("ops." + o.name + ".recompute", "activations with recomputation for an op in no block");
+          read_b(rc.at("act_bytes"), "ops." + o.name + ".recompute.act_bytes", o.act_bytes_rc, true);
+          read_moments(rc.at("act_moments"), what + ": ops." + o.name + ".recompute.act_moments",
+                       o.act_moments_rc);
+        }
       }
       p.ops.push_back(o);
     }

@@ -269,10 +269,34 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
   return msg;
 }
 
+// With recomputation a choice, the rule charges every block's kept activations at every moment, which can
+// turn away plans without recomputation that fit; those are searched by the exact rule too, and the faster
+// fitting result kept (the first result seeds the second search, whose bounds it then prunes).
+using SearchFn = SearchResult (*)(const CostModel&, const SearchOptions&, SearchResult);
+SearchResult better_of_both(const CostModel& m, const SearchOptions& o, SearchFn search) {
+  if (!m.recompute_is_choice()) return search(m, o, SearchResult{});
+  const CostModel none = m.without_recompute();
+  SearchResult first = search(none, o, SearchResult{});
+  m.adopt_caches(none);
+  return search(m, o, std::move(first));
+}
+
+SearchResult search_one_rule(const CostModel& m, const SearchOptions& o, SearchResult best);
+SearchResult brute_force_one_rule(const CostModel& m, const SearchOptions& o, SearchResult best);
+
 }  // namespace
 
 SearchResult search_plan(const CostModel& m, const SearchOptions& o) {
-  SearchResult best;
+  return better_of_both(m, o, search_one_rule);
+}
+
+SearchResult brute_force_plan(const CostModel& m, const SearchOptions& o) {
+  return better_of_both(m, o, brute_force_one_rule);
+}
+
+namespace {
+
+SearchResult search_one_rule(const CostModel& m, const SearchOptions& o, SearchResult best) {
   KnapsackScratch scratch;
   for (int64_t micro : m.micro_batches()) {
     const Candidate cand = costed(m, micro, o.mem_limit);
@@ -302,8 +326,7 @@ SearchResult search_plan(const CostModel& m, const SearchOptions& o) {
   return best;
 }
 
-SearchResult brute_force_plan(const CostModel& m, const SearchOptions& o) {
-  SearchResult best;
+SearchResult brute_force_one_rule(const CostModel& m, const SearchOptions& o, SearchResult best) {
   for (int64_t micro : m.micro_batches()) {
     const Candidate cand = costed(m, micro, o.mem_limit);
     const size_t n = cand.per_op.size();
@@ -355,6 +378,8 @@ SearchResult brute_force_plan(const CostModel& m, const SearchOptions& o) {
   }
   return best;
 }
+
+}  // namespace
 
 SearchResult uniform_baseline(const CostModel& m, Strategy s, const SearchOptions& o) {
   SearchResult best;

@@ -29,9 +29,11 @@ std::string joined(const std::vector<std::string>& args) {
 }
 
 bool is_plan_file(const std::string& e) { return e.size() >= 5 && e.substr(e.size() - 5) == ".json"; }
-// "osdp" plans with every choice; "osdp-nohybrid" without hybrid sharding (hsdp, hsdp2), to show what it
-// adds.
-bool is_osdp(const std::string& e) { return e == "osdp" || e == "osdp-nohybrid"; }
+// "osdp" plans with every choice; "osdp-nohybrid" without hybrid sharding (hsdp, hsdp2), "osdp-norecompute"
+// without activation recomputation, to show what each adds.
+bool is_osdp(const std::string& e) {
+  return e == "osdp" || e == "osdp-nohybrid" || e == "osdp-norecompute";
+}
 
 struct RunResult {
   int code = -1;
@@ -87,12 +89,14 @@ nlohmann::json bench_entry(const BenchOptions& o, const RunSpec& base, const Pro
   spec.strategy = is_plan_file(e) ? "ddp" : is_osdp(e) ? "osdp" : e;
   spec.plan_file = is_plan_file(e) ? e : "";
   spec.cost.allow_hybrid = e != "osdp-nohybrid";
+  if (e == "osdp-norecompute") spec.cost.recompute = Recompute::none;
   const SearchResult predicted = predicted_for(CostModel::from_profile(measured, spec.cost), spec);
   const int64_t estimate = is_osdp(e) ? predicted.cost.peak_bytes : estimate_for(spec, &probe).peak.peak;
-  const std::string what = is_plan_file(e) ? " --plan " + shell_quote(e)
+  std::string what = is_plan_file(e) ? " --plan " + shell_quote(e)
                            : is_osdp(e)    ? " --strategy osdp --profile " + shell_quote(profile) +
                                               (spec.cost.allow_hybrid ? "" : " --no-hybrid")
                                         : " --strategy " + e;
+  what += std::string(" --recompute ") + recompute_name(spec.cost.recompute);
   const std::string metrics = run_prefix + ".jsonl";
   std::fprintf(stderr, "bench: %s ...\n", e.c_str());
   const RunResult r =
