@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <deque>
 #include <set>
+#include <tuple>
 
 #include "slimshard/common.h"
 #include "slimshard/memory.h"
@@ -193,6 +194,15 @@ std::vector<Event> op_events(const OpShape& op, int splits, bool backward) {
   return e;
 }
 
+// op_events, kept per kind of op (the search simulates thousands of plans of the same few kinds).
+const std::vector<Event>& events_of(const OpShape& op, int splits, bool backward) {
+  thread_local std::map<std::tuple<std::string, size_t, int, bool>, std::vector<Event>> cache;
+  const auto key = std::make_tuple(op.kind, op.param_numels.size(), splits, backward);
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, op_events(op, splits, backward)).first;
+  return it->second;
+}
+
 // One step of the engine's memory behaviour over a plan: the prefetcher's window over the recorded order of
 // zero3 gathers (prefetcher.cpp), and the queue of gradients being reduce-scattered (data_parallel.cpp).
 class TransientSim {
@@ -210,7 +220,7 @@ class TransientSim {
     for (size_t i = 0; i < ops.size(); ++i) base_.push_back(static_cast<int>(ids_)), ids_ += 2 * 64;
     for (size_t i = 0; i < ops.size(); ++i)
       events_.push_back(
-          {op_events(ops[i], choices[i].splits, false), op_events(ops[i], choices[i].splits, true)});
+          {&events_of(ops[i], choices[i].splits, false), &events_of(ops[i], choices[i].splits, true)});
     find_blocks();
     find_groups(fuse_bytes);
     record_trace();
@@ -305,7 +315,7 @@ class TransientSim {
   void record_trace() {
     auto record = [&](size_t i, bool backward, std::set<int>* kept) {
       if (!gathers_on_use(choices_[i].strategy)) return;
-      for (const Event& e : events_[i][backward]) {
+      for (const Event& e : *events_[i][backward]) {
         if (e.ev != Ev::acquire || group(key(i, e))) continue;
         if (kept && !backward && !kept->insert(key(i, e)).second) continue;  // already gathered and kept
         if (kept && backward && kept->count(key(i, e))) continue;
@@ -349,7 +359,7 @@ class TransientSim {
   }
   void play(size_t i, bool backward, int64_t* most) {
     const Strategy s = choices_[i].strategy;
-    for (const Event& e : events_[i][backward]) {
+    for (const Event& e : *events_[i][backward]) {
       const int id = key(i, e);
       switch (e.ev) {
         case Ev::acquire: {
@@ -438,8 +448,8 @@ class TransientSim {
   std::map<int, std::deque<size_t>> in_use_;
   std::deque<int64_t> flight_;  // gradients being reduce-scattered, oldest first
   std::vector<size_t> block_first_;
-  std::vector<std::array<std::vector<Event>, 2>> events_;  // per op: forward, backward
-  bool keeping_ = false;                                   // playing a recomputed forward
+  std::vector<std::array<const std::vector<Event>*, 2>> events_;  // per op: forward, backward
+  bool keeping_ = false;                                          // playing a recomputed forward
   std::set<int> kept_;  // gathered by it and not yet released by the backward
   int64_t gathered_bytes_ = 0, own_bytes_ = 0, flight_bytes_ = 0;
 };
