@@ -65,8 +65,7 @@ Profile synthetic_profile(const ModelConfig& cfg, int world, unsigned seed) {
       op.live_before_rc[b] = op.live_before.at(b) - less[b];
       if (name.empty()) continue;
       const OpMoments& m = op.act_moments[b];
-      op.act_bytes_rc[b] = first ? block_none[b] / 10 : 0;
-      const int64_t kept_rc = op.live_before_rc[b] + op.act_bytes_rc[b];
+      const int64_t kept_rc = op.live_before_rc[b] + (first ? block_none[b] / 10 : 0);
       op.act_moments_rc[b] = OpMoments{kept_rc, kept_rc, m.before_bwd - less[b], m.bwd - less[b]};
     }
   }

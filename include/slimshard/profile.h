@@ -33,9 +33,10 @@ struct OpProfile : OpShape {
   std::map<int64_t, OpMoments> act_moments;
   // Per micro-batch: live as the op's forward begins (between blocks: what the blocks before keep).
   std::map<int64_t, int64_t> live_before;
-  // The same from a probe with every GPT block recomputing (nn.h: Block): live_before for every op, the rest
-  // for the ops in blocks; empty when not measured.
-  std::map<int64_t, int64_t> act_bytes_rc, live_before_rc;
+  // The same from a probe with every GPT block recomputing (nn.h: Block): live_before for every op,
+  // act_moments for the ops in blocks; empty when not measured. (What a block keeps is the difference of
+  // live_before between block starts: cost_model.cpp.)
+  std::map<int64_t, int64_t> live_before_rc;
   std::map<int64_t, OpMoments> act_moments_rc;
 };
 // Ops with no measurements yet (what a profile or an analytic cost model starts from).

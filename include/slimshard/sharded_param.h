@@ -91,6 +91,8 @@ class KeptGathers {
   KeptGathers(const KeptGathers&) = delete;
   KeptGathers& operator=(const KeptGathers&) = delete;
   void stop_keeping();
+  // Whether one is keeping on this thread (a recomputed forward is running).
+  static bool keeping();
 
  private:
   std::vector<ShardedParam*> kept_;

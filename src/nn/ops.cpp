@@ -50,8 +50,6 @@ at::Tensor apply_op(Op& op, const at::Tensor& x) {
   return OpFunction::apply(x, op.anchor(), reinterpret_cast<int64_t>(&op));
 }
 
-thread_local bool t_recomputing = false;
-
 // Forward with grad mode off (custom Functions run so): the ops inside build no graph, so what they save is
 // dropped as each returns. Backward: the forward again with grad mode on, from a detached copy of the input,
 // then backward through it (nested in the running backward); the input's gradient is what it accumulated.
@@ -70,14 +68,7 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
     KeptGathers kept;  // gathered once for the forward here, used again by the backward below
     {
       at::AutoGradMode grad_on(true);
-      t_recomputing = true;
-      try {
-        y = block->forward(x);
-      } catch (...) {
-        t_recomputing = false;
-        throw;
-      }
-      t_recomputing = false;
+      y = block->forward(x);
     }
     kept.stop_keeping();
     torch::autograd::backward({y}, {grads[0]});
@@ -138,7 +129,8 @@ ShardedParam* ParamSet::add(std::string name, const at::Tensor& init, bool decay
 
 void set_op_observer(std::function<void(const Op&, OpPhase)> observer) { g_observer = std::move(observer); }
 
-bool recomputing() { return t_recomputing; }
+// Exactly while a recomputed forward runs, its KeptGathers keeps.
+bool recomputing() { return KeptGathers::keeping(); }
 
 std::string block_of(const std::string& op_name) {
   if (op_name.rfind("blocks.", 0) != 0) return "";

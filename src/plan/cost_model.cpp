@@ -163,9 +163,6 @@ CostModel CostModel::from_cluster(const ClusterSpec& c, const ModelConfig& cfg, 
         block_start_none = static_cast<double>(none.before_fwd - op.act_bytes[b]);
         block_start_rc = kept_rc;
         kept_rc += rows * C * e;
-        op.act_bytes_rc[b] = static_cast<int64_t>(rows * C * e);
-      } else {
-        op.act_bytes_rc[b] = 0;
       }
       const double shift = block_start_rc - block_start_none;  // the blocks before keep less
       op.act_moments_rc[b].before_fwd = op.act_moments_rc[b].fwd = static_cast<int64_t>(kept_rc);

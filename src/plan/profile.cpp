@@ -117,8 +117,6 @@ void profile_compute(const ModelConfig& cfg, int64_t b, const ProfileOptions& o,
     if (blocks.empty()) continue;
     op.live_before_rc[b] = rc.live_before.count(op.name) ? rc.live_before.at(op.name) : 0;
     if (block_of(op.name).empty()) continue;
-    it = rc.op_bytes.find(op.name);
-    op.act_bytes_rc[b] = it == rc.op_bytes.end() ? 0 : it->second;
     op.act_moments_rc[b] = rc.moments.count(op.name) ? rc.moments.at(op.name) : OpMoments{};
   }
   p.loss_peak_bytes[b] = act.loss_peak;
@@ -230,7 +228,7 @@ double uniform_step_ms(const Profile& p, Strategy s, int64_t b) {
 
 std::vector<OpProfile> unmeasured(const std::vector<OpShape>& shapes) {
   std::vector<OpProfile> out;
-  for (const OpShape& s : shapes) out.push_back(OpProfile{s, {}, {}, {}, {}, {}, {}, {}, {}});
+  for (const OpShape& s : shapes) out.push_back(OpProfile{s, {}, {}, {}, {}, {}, {}, {}});
   return out;
 }
 
@@ -327,8 +325,7 @@ nlohmann::json profile_to_json(const Profile& p) {
                    {"live_before", by_b(o.live_before)}});
     if (!o.live_before_rc.empty()) ops.back()["recompute"] = {{"live_before", by_b(o.live_before_rc)}};
     if (!o.act_moments_rc.empty())
-      ops.back()["recompute"].update(
-          {{"act_bytes", by_b(o.act_bytes_rc)}, {"act_moments", moments_json(o.act_moments_rc)}});
+      ops.back()["recompute"].update({{"act_moments", moments_json(o.act_moments_rc)}});
   }
   nlohmann::json coll = nlohmann::json::object();
   for (const auto& [k, f] : p.collectives)
@@ -461,7 +458,6 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
         if (rc.contains("act_moments")) {
           if (block_of(o.name).empty())
             throw bad("ops." + o.name + ".recompute", "activations with recomputation for an op in no block");
-          read_b(rc.at("act_bytes"), "ops." + o.name + ".recompute.act_bytes", o.act_bytes_rc, true);
           read_moments(rc.at("act_moments"), what + ": ops." + o.name + ".recompute.act_moments",
                        o.act_moments_rc);
         }

@@ -137,6 +137,8 @@ thread_local KeptGathers* t_keeping = nullptr;  // the recomputed forward runnin
 
 KeptGathers::KeptGathers() : outer_(t_keeping) { t_keeping = this; }
 
+bool KeptGathers::keeping() { return t_keeping != nullptr; }
+
 void KeptGathers::stop_keeping() {
   if (t_keeping == this) t_keeping = outer_;
 }
