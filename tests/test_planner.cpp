@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <random>
+#include <regex>
 #include <set>
 
 #include "helpers.h"
@@ -433,24 +434,50 @@ TEST(Planner, PlanCommandBadProfilesAndBudgets) {
   expect_bad("overlap.json", k.dump(), "overlap_slowdown");
 }
 
-// `train --strategy osdp` under a budget that stops DDP: the plan trains, and its measured peak is the one
-// the plan predicted (the allocator enforcing the budget alone would let any plan that happens to fit pass).
+// `train --strategy osdp` under a budget that stops DDP: osdp times its candidates (the searched plan and the
+// uniform ones that fit) and trains the fastest measured; the plan trains, and its measured peak is the one the
+// plan predicted (the allocator enforcing the budget alone would let any plan that happens to fit pass).
 TEST(Planner, TrainOsdpFitsABudgetThatStopsDdp) {
   const std::string dir = test::scratch_dir();
   const std::string args =
-      " train --model gpt-small --data kjv --batch-size 8 --steps 3 --eval-rows 4 --mem-limit " +
-      std::to_string(72 << 20);
-  auto ddp = test::run(mpirun(2) + args + " --strategy ddp");
+      "--model gpt-small --data kjv --batch-size 8 --eval-rows 4 --mem-limit " + std::to_string(72 << 20);
+  auto ddp = test::run(mpirun(2) + " train " + args + " --steps 3 --strategy ddp");
   EXPECT_EQ(ddp.code, 1) << ddp.output;
   EXPECT_NE(ddp.output.find("memory limit exceeded"), std::string::npos) << ddp.output;
-  auto r = test::run(mpirun(2) + args + " --strategy osdp --metrics " + dir + "/m.jsonl");
+  const test::TrainRun r = test::train(2, args + " --steps 3 --strategy osdp --tune-steps 2", dir, "osdp");
   ASSERT_EQ(r.code, 0) << r.output;
-  const size_t at = r.output.find("predicted peak ");
+  // The candidates' measured times: the searched plan first; the one trained is the fastest.
+  const std::string measured = "osdp: measured step ms (predicted): ";
+  const size_t m = r.output.find(measured);
+  ASSERT_NE(m, std::string::npos) << r.output;
+  const std::string line = r.output.substr(m + measured.size(), r.output.find('\n', m) - m - measured.size());
+  const std::regex item(" ?([a-z0-9 ]+) ([0-9.]+) \\(([0-9.]+)\\);?");
+  std::vector<std::pair<std::string, double>> times;
+  for (auto it = std::sregex_iterator(line.begin(), line.end(), item); it != std::sregex_iterator(); ++it)
+    times.emplace_back((*it)[1].str(), std::stod((*it)[2].str()));
+  ASSERT_GE(times.size(), 2u) << r.output;
+  EXPECT_EQ(times.front().first, "searched plan");
+  const auto fastest = std::min_element(times.begin(), times.end(),
+                                        [](const auto& a, const auto& b) { return a.second < b.second; });
+  EXPECT_EQ(r.summary["osdp"]["choice"], fastest->first) << r.output;
+  const size_t at = r.output.find("(fastest measured): predicted peak ");
   ASSERT_NE(at, std::string::npos) << r.output;
-  const double predicted_mib = std::stod(r.output.substr(at + 15));
-  const double measured_mib =
-      test::read_jsonl(dir + "/m.jsonl").back()["peak_bytes"].get<double>() / (1 << 20);
+  const double predicted_mib = std::stod(r.output.substr(at + 35));
+  const double measured_mib = r.summary["peak_bytes"].get<double>() / (1 << 20);
   EXPECT_NEAR(measured_mib, predicted_mib, 0.10 * measured_mib) << r.output;
+  // Timing the candidates leaves the run itself alone: the plan it chose, given as a file, trains the same
+  // losses bit for bit.
+  const std::string plan = dir + "/chosen.json";
+  std::ofstream(plan) << r.summary["osdp"]["plan"].dump();
+  const test::TrainRun again = test::train(2, args + " --steps 3 --plan " + plan, dir, "again");
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_EQ(again.losses, r.losses);
+  // --tune-steps 0: the searched plan, untimed.
+  const test::TrainRun trusted =
+      test::train(2, args + " --strategy osdp --tune-steps 0 --steps 1", dir, "trusted");
+  ASSERT_EQ(trusted.code, 0) << trusted.output;
+  EXPECT_EQ(trusted.summary["osdp"]["choice"], "searched plan");
+  EXPECT_EQ(trusted.output.find("osdp: timing"), std::string::npos) << trusted.output;
   // With a budget nothing fits: exit 2 and the explanation, on every rank's behalf.
   auto none = test::run(mpirun(2) +
                         " train --model gpt-small --data kjv --batch-size 8 --steps 3 --strategy osdp "

@@ -63,12 +63,23 @@ struct PlanReport {
 };
 PlanReport plan_offline(RunSpec spec, const CostSource& source);
 
+// A plan osdp may train under, with what the cost model predicts for it.
+struct PlanCandidate {
+  std::string name;  // "searched plan", "zero2 everywhere"
+  Plan plan;
+  std::string plan_json;  // the plan as a plan file holds it
+  double predicted_ms = 0;
+  int64_t predicted_peak = 0;
+};
+
 // --strategy osdp: the fastest plan for `spec` under its memory limit, found on rank 0 from `measured` (the
 // profile just taken) or, if null, the profile file `profile_path`, printed there (with the per-op table when
-// `table`), and given to every rank (a collective). A profile of another model, or no plan that fits, is a
-// usage error on every rank.
-Plan plan_for_run(const RunSpec& spec, const Profile* measured, const std::string& profile_path,
-                  Communicator& comm, bool table);
+// `table`), and given to every rank (a collective). The searched plan comes first, then every uniform plan
+// that fits and differs from it (not slim: its rounds need a run's state), best predicted first: where the
+// model's error is larger than their differences, the run measures them (train.h, time_plans). A profile of
+// another model, or no plan that fits, is a usage error on every rank.
+std::vector<PlanCandidate> plan_for_run(const RunSpec& spec, const Profile* measured,
+                                        const std::string& profile_path, Communicator& comm, bool table);
 
 // The plan's table (optional) and totals, with the uniform baselines for comparison.
 void print_plan(const CostModel& m, const SearchResult& r,

@@ -52,6 +52,7 @@ struct TrainOptions {
   SlimOptions slim;                // for ops whose strategy is slim
   bool allow_slim = false;         // osdp: the search may choose slim for replicated ops
   bool allow_hybrid = true;        // osdp across hosts: the search may choose hsdp, hsdp2
+  int tune_steps = 3;              // osdp: time the searched plan and the uniform ones that fit; 0 = trust the model
   // Checkpoints: every save_every steps (0 = only at the end and on exit-after) into ckpt_dir, keeping the
   // newest keep_last; resume from the newest complete checkpoint under `resume`.
   std::string ckpt_dir;
@@ -89,6 +90,11 @@ struct TrainSummary {
   int64_t weights_checksum = 0;
   int64_t slim_rounds = 0, slim_digest = 0;
   bool slim_selection_identical = true;
+  // osdp: the plan trained ("searched plan", or "zero2 everywhere" when measured faster) and the cost model's
+  // figures for it
+  std::string osdp_choice, osdp_plan;  // osdp_plan: as a plan file holds it
+  double predicted_step_ms = 0;
+  int64_t predicted_peak_bytes = 0;
   int stop_signal = 0;  // SIGTERM or SIGINT when a signal stopped the run (the process exits 128 + it)
   std::vector<double> losses;
   std::string sample;
@@ -104,6 +110,11 @@ RunSpec run_spec(const TrainOptions& opts, int world, int ranks_per_host = 0);
 // `slimshard profile` writes and `--strategy osdp` plans from. Every rank of `comm` calls it.
 Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& micro_batches,
                          Communicator& comm, const ProfileOptions& o, uint64_t seed);
+
+// osdp's candidates (plan_for_run) each timed for o.tune_steps steps after a warm-up, one after the other, at
+// the run's model, batch (`local` rows per rank) and engine options: rank 0's medians (ms), given to every rank.
+std::vector<double> time_plans(const TrainOptions& o, const std::vector<PlanCandidate>& candidates,
+                               int64_t local, Communicator& comm);
 
 // The curve of one metrics file (`train --metrics`): every step record holding `y`, by `x` = "step" or
 // "bytes" (MiB sent so far, the running sum of each step's comm_bytes). With mean_of = k > 1, each point is

@@ -156,6 +156,11 @@ void add_train_flags(CLI::App* sub, TrainFlags& flags) {
   sub->add_flag("!--no-hybrid", train.allow_hybrid,
                 "osdp across hosts: do not offer hybrid sharding (hsdp, hsdp2)");
   sub->add_option("--profile", train.profile, "osdp: plan from this profile instead of profiling first");
+  sub->add_option("--tune-steps", train.tune_steps,
+                  "osdp: time the searched plan and every uniform plan that fits for this many steps each, "
+                  "train the fastest (0 = trust the cost model)")
+      ->capture_default_str()
+      ->check(integer(0, 1000));
   sub->add_option("--plan", train.plan_file,
                   "per-op strategies and splits from this JSON plan (overrides --strategy)");
   sub->add_option("--prefetch", train.prefetch,

@@ -2,6 +2,7 @@
 // estimate, its cost model and prediction, `slimshard plan`'s search, and osdp's plan found on rank 0.
 #include "slimshard/planner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -113,7 +114,7 @@ PlanReport plan_offline(RunSpec spec, const CostSource& source) {
 
 namespace {
 
-// Rank 0's part of plan_for_run: the plan as JSON text.
+// Rank 0's part of plan_for_run: the candidates as JSON text.
 std::string search_on_rank0(const RunSpec& spec, const Profile* measured, const std::string& profile_path,
                             bool table) {
   const Profile p = measured ? *measured : load_profile(profile_path);
@@ -128,26 +129,58 @@ std::string search_on_rank0(const RunSpec& spec, const Profile* measured, const 
     throw UsageError("--strategy osdp --mem-limit " + format_mib(static_cast<double>(spec.mem_limit)) +
                      " MiB: " + r.explanation);
   std::printf("osdp plan (costs from %s):\n", m.source().c_str());
-  print_plan(m, r, baselines(m, search), spec.mem_limit, table);
+  const auto base = baselines(m, search);
+  print_plan(m, r, base, spec.mem_limit, table);
   std::fflush(stdout);
-  return plan_to_json(m, r).dump();
+  auto candidate = [&](const std::string& name, const SearchResult& x) {
+    return nlohmann::ordered_json{{"name", name},
+                          {"plan", plan_to_json(m, x)},
+                          {"step_ms", x.cost.step_ms},
+                          {"peak_bytes", x.cost.peak_bytes}};
+  };
+  auto has_slim = [](const SearchResult& x) {
+    return std::any_of(x.choices.begin(), x.choices.end(),
+                       [](const auto& c) { return c.second.strategy == Strategy::slim; });
+  };
+  auto same = [](const SearchResult& a, const SearchResult& b) {
+    if (a.cost.micro_batch != b.cost.micro_batch || a.choices.size() != b.choices.size()) return false;
+    for (const auto& [op, c] : a.choices) {
+      const OpChoice& d = b.choices.at(op);
+      if (c.strategy != d.strategy || c.splits != d.splits || c.recompute != d.recompute) return false;
+    }
+    return true;
+  };
+  nlohmann::ordered_json out = nlohmann::ordered_json::array({candidate("searched plan", r)});
+  if (!has_slim(r)) {
+    std::vector<const std::pair<std::string, SearchResult>*> uniform;
+    for (const auto& b : base)
+      if (b.second.fits && !has_slim(b.second) && !same(b.second, r)) uniform.push_back(&b);
+    std::sort(uniform.begin(), uniform.end(),
+              [](auto* a, auto* b) { return a->second.cost.step_ms < b->second.cost.step_ms; });
+    for (const auto* b : uniform) out.push_back(candidate(b->first + " everywhere", b->second));
+  }
+  return out.dump();
 }
 
 }  // namespace
 
-Plan plan_for_run(const RunSpec& spec, const Profile* measured, const std::string& profile_path,
-                  Communicator& comm, bool table) {
-  std::string plan_text, error;
+std::vector<PlanCandidate> plan_for_run(const RunSpec& spec, const Profile* measured,
+                                        const std::string& profile_path, Communicator& comm, bool table) {
+  std::string text, error;
   if (comm.rank() == 0) {
     try {
-      plan_text = search_on_rank0(spec, measured, profile_path, table);
+      text = search_on_rank0(spec, measured, profile_path, table);
     } catch (const UsageError& e) {
       error = e.what();
     }
   }
   error = broadcast_string(comm, error, 0);
   if (!error.empty()) throw UsageError(error);
-  return parse_plan(broadcast_string(comm, plan_text, 0), "osdp plan");
+  std::vector<PlanCandidate> out;
+  for (const auto& c : nlohmann::ordered_json::parse(broadcast_string(comm, text, 0)))
+    out.push_back(PlanCandidate{c["name"], parse_plan(c["plan"].dump(), "osdp plan"), c["plan"].dump(),
+                                c["step_ms"], c["peak_bytes"]});
+  return out;
 }
 
 void print_plan(const CostModel& m, const SearchResult& r,

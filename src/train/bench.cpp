@@ -114,6 +114,11 @@ nlohmann::json bench_entry(const BenchOptions& o, const RunSpec& base, const Pro
     row["peak_bytes"] = s["peak_bytes"];
     row["comm_bytes_per_step"] = s["comm_bytes_per_step"];
     row["comm_bytes_inter_per_step"] = s.value("comm_bytes_inter_per_step", int64_t{0});
+    if (s.contains("osdp")) {  // the run measured its candidates: the predictions of the one it trained
+      row["osdp_choice"] = s["osdp"]["choice"];
+      row["predicted_step_ms"] = s["osdp"]["predicted_step_ms"];
+      row["predicted_peak_bytes"] = s["osdp"]["predicted_peak_bytes"];
+    }
   } else {
     row["oom"] = r.output.find("memory limit exceeded") != std::string::npos;
     row["error"] = r.code == 0 ? "no summary in " + metrics : last_error_line(r.output);
@@ -149,6 +154,11 @@ nlohmann::json merged(const std::vector<nlohmann::json>& runs) {
   row["comm_bytes_inter_per_step"] = median(inter);
   row["peak_bytes"] = peak;
   row["runs_tokens_per_s"] = rate;
+  if (row.contains("osdp_choice")) {
+    nlohmann::json choices = nlohmann::json::array();
+    for (const auto& r : runs) choices.push_back(r["osdp_choice"]);
+    row["runs_osdp_choice"] = choices;
+  }
   return row;
 }
 
@@ -188,7 +198,10 @@ void print_bench(const nlohmann::json& results) {
   std::printf("%-18s %9s %9s %9s %10s %10s %10s %9s%s\n", "strategy", "tokens/s", "step ms", "predicted",
               "peak MiB", "predicted", "estimate", "comm MiB", hosts ? "  inter MiB" : "");
   for (const auto& row : results) {
-    const std::string name = row["strategy"].get<std::string>();
+    // osdp: which plan the run chose by measurement when it was not the searched one
+    std::string name = row["strategy"].get<std::string>();
+    const std::string choice = row.value("osdp_choice", std::string("searched plan"));
+    if (choice != "searched plan") name += " [" + choice.substr(0, choice.find(' ')) + "]";
     const double pred_ms = row["predicted_step_ms"].get<double>();
     if (row.contains("tokens_per_s")) {
       std::printf("%-18s %9.0f %9.1f %9.1f %10s %10s %10s %9s", name.c_str(),

@@ -1,11 +1,12 @@
 // profiler.cpp — a model's profile taken with the training step itself: the op, collective, overlap and
 // optimizer measurements of plan/profile.cpp, then whole steps timed with TrainStep (the trainer's own) to
-// calibrate them (see profile.h, train.h).
+// calibrate them (see profile.h, train.h); and osdp's candidate plans timed the same way.
 #include <chrono>
 
 #include "slimshard/comm.h"
 #include "slimshard/common.h"
 #include "slimshard/data_parallel.h"
+#include "slimshard/json.h"
 #include "slimshard/optim.h"
 #include "slimshard/train.h"
 #include "step.h"
@@ -13,15 +14,15 @@
 namespace slimshard {
 namespace {
 
-// Median ms of `steps` training steps after one warm-up, one strategy everywhere, micro-batch b per rank.
-double time_steps(const ModelConfig& cfg, Strategy s, int64_t b, Communicator& comm, uint64_t seed, int steps,
-                  const Precision& prec) {
+// Median ms of `steps` training steps after one warm-up: the model laid out by `plan`, `accum` micro-batches
+// of `micro` rows per rank (random rows; the weights are this call's own).
+double time_steps(const ModelConfig& cfg, const Plan& plan, int64_t micro, int64_t accum, Communicator& comm,
+                  uint64_t seed, int steps, const DataParallel::Options& dp_opts) {
   auto model = build_model(cfg, seed);
-  const auto [x, y] = random_inputs(cfg, b, seed + static_cast<uint64_t>(comm.rank()));
+  const std::vector<Strategy> strategies = apply_plan(resolve_plan(plan, op_shapes(*model)), *model);
+  const auto [x, y] = random_inputs(cfg, micro, seed + static_cast<uint64_t>(comm.rank()));
   const auto params = model->params().all();
-  DataParallel::Options dp_opts;
-  dp_opts.precision = prec;
-  DataParallel dp(comm, params, std::vector<Strategy>(params.size(), s), dp_opts);
+  DataParallel dp(comm, params, strategies, dp_opts);
   Optimizer optim(OptimConfig{});
   optim.init_state(params);
   TrainStep step(comm, *model, dp, optim, nullptr);
@@ -31,12 +32,19 @@ double time_steps(const ModelConfig& cfg, Strategy s, int64_t b, Communicator& c
     comm.barrier()->wait();
     const auto t = std::chrono::steady_clock::now();
     step.run(
-        it, 1, [&](int64_t) { return batch; }, 1e-4, 1.0);
+        it, accum, [&](int64_t) { return batch; }, 1e-4, 1.0);
     if (it > 0)
       times.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
   }
   return median(times);
+}
+
+double time_uniform(const ModelConfig& cfg, Strategy s, int64_t b, Communicator& comm, uint64_t seed, int steps,
+                    const Precision& prec) {
+  DataParallel::Options dp_opts;
+  dp_opts.precision = prec;
+  return time_steps(cfg, uniform_plan(s), b, 1, comm, seed, steps, dp_opts);
 }
 
 }  // namespace
@@ -46,16 +54,28 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
   Profile p = measure_profile(model, micro_batches, comm, o, seed);
   MeasuredSteps steps;
   for (int64_t b : micro_batches)
-    steps.ddp_ms[b] = time_steps(model, Strategy::ddp, b, comm, seed, o.repeats, o.precision);
+    steps.ddp_ms[b] = time_uniform(model, Strategy::ddp, b, comm, seed, o.repeats, o.precision);
   if (comm.world() > 1) {
     steps.zero3_ms =
-        time_steps(model, Strategy::zero3, micro_batches.back(), comm, seed, o.repeats, o.precision);
+        time_uniform(model, Strategy::zero3, micro_batches.back(), comm, seed, o.repeats, o.precision);
     for (Strategy s : {Strategy::zero1, Strategy::zero2})
       steps.uniform_ms[strategy_name(s)] =
-          time_steps(model, s, micro_batches.back(), comm, seed, o.repeats, o.precision);
+          time_uniform(model, s, micro_batches.back(), comm, seed, o.repeats, o.precision);
   }
   calibrate_profile(p, steps);
   return p;
+}
+
+std::vector<double> time_plans(const TrainOptions& o, const std::vector<PlanCandidate>& candidates,
+                               int64_t local, Communicator& comm) {
+  const DataParallel::Options dp_opts{o.bucket_bytes, o.prefetch, o.precision, o.fuse_bytes};
+  nlohmann::json times = nlohmann::json::array();
+  for (const PlanCandidate& c : candidates) {
+    const int64_t micro = c.plan.micro_batch > 0 ? c.plan.micro_batch : local;
+    times.push_back(time_steps(o.model, c.plan, micro, local / micro, comm, o.seed, o.tune_steps, dp_opts));
+  }
+  // Rank 0's figures for all: every rank then chooses the same plan.
+  return nlohmann::json::parse(broadcast_string(comm, times.dump(), 0)).get<std::vector<double>>();
 }
 
 }  // namespace slimshard

@@ -104,6 +104,11 @@ nlohmann::json summary_json(const TrainSummary& s, const RunStats& stats, const 
                    {"phase_peak_bytes", phases},
                    {"prefetch", prefetch},
                    {"phase_ms", phase_ms}};
+  if (!s.osdp_choice.empty())
+    j["osdp"] = {{"choice", s.osdp_choice},
+                 {"plan", nlohmann::json::parse(s.osdp_plan)},
+                 {"predicted_step_ms", s.predicted_step_ms},
+                 {"predicted_peak_bytes", s.predicted_peak_bytes}};
   // The throughput in the unit of the per-step records: tokens for GPT, samples (images) for classifiers.
   if (s.classifier)
     j["samples_per_s"] = s.samples_per_s, j["val_acc"] = s.val_acc;

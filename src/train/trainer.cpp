@@ -57,6 +57,8 @@ class Trainer {
   void check_outputs();
   void claim_checkpoint_dir();
   Plan choose_plan();
+  Plan measured_choice(const std::vector<PlanCandidate>& candidates, int64_t local);
+  PlanCandidate osdp_choice_;  // osdp: the plan chosen (else empty)
   void build_model_layout(const Plan& plan);
   void build();
   void print_start() const;
@@ -196,7 +198,8 @@ Plan Trainer::choose_plan() {
   const bool osdp = o_.strategy == "osdp" && o_.plan_file.empty();
   agreed([&] { osdp ? void(local = per_rank_batch(spec)) : void(plan = plan_of(spec)); });
   if (!osdp) return plan;
-  if (!o_.profile.empty()) return plan_for_run(spec, nullptr, o_.profile, comm_, o_.verbose);
+  if (!o_.profile.empty())
+    return measured_choice(plan_for_run(spec, nullptr, o_.profile, comm_, o_.verbose), local);
   const std::vector<int64_t> micro = profile_micro_batches(local);
   if (rank_ == 0) {
     std::fprintf(stderr, "osdp: profiling %s at micro-batches", o_.model.describe().c_str());
@@ -207,7 +210,29 @@ Plan Trainer::choose_plan() {
   profile_opts.warmup = 1, profile_opts.repeats = 3, profile_opts.max_collective_bytes = 16 << 20;
   profile_opts.precision = o_.precision;
   const Profile p = profile_training(o_.model, micro, comm_, profile_opts, o_.seed);
-  return plan_for_run(spec, &p, "", comm_, o_.verbose);
+  return measured_choice(plan_for_run(spec, &p, "", comm_, o_.verbose), local);
+}
+
+// osdp's choice among the searched plan and the uniform ones that fit, by timing them when there is a choice:
+// on one host the cost model's error (5–15 %) is larger than the differences between strategies
+// (docs/osdp.md), and a plan the model prefers by a few percent can run slower.
+Plan Trainer::measured_choice(const std::vector<PlanCandidate>& c, int64_t local) {
+  osdp_choice_ = c.front();
+  if (c.size() == 1 || o_.tune_steps == 0) return c.front().plan;
+  if (rank_ == 0)
+    std::fprintf(stderr, "osdp: timing %zu plans, %d steps each (--tune-steps) ...\n", c.size(), o_.tune_steps);
+  const std::vector<double> ms = time_plans(o_, c, local, comm_);
+  const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
+  if (rank_ == 0) {
+    std::printf("osdp: measured step ms (predicted):");
+    for (size_t i = 0; i < c.size(); ++i)
+      std::printf("%s %s %.1f (%.1f)", i ? ";" : "", c[i].name.c_str(), ms[i], c[i].predicted_ms);
+    std::printf("\nosdp: chose the %s (fastest measured): predicted peak %s MiB, step %.1f ms\n", c[best].name.c_str(),
+                format_mib(static_cast<double>(c[best].predicted_peak)).c_str(), c[best].predicted_ms);
+    std::fflush(stdout);
+  }
+  osdp_choice_ = c[best];
+  return c[best].plan;
 }
 
 // The model and its per-op layout (this rank alone: what the plan asks must fit the model).
@@ -499,6 +524,8 @@ void Trainer::summarize(TrainSummary& s, const RunStats& stats, int64_t stop, do
   s.checkpoint = last_ckpt_;
   s.world = world_;
   s.precision = o_.precision.name();
+  s.osdp_choice = osdp_choice_.name, s.osdp_plan = osdp_choice_.plan_json;
+  s.predicted_step_ms = osdp_choice_.predicted_ms, s.predicted_peak_bytes = osdp_choice_.predicted_peak;
   s.params = model_->params().numel();
   s.classifier = data_->classification();
   s.wall_s = wall_s;
