@@ -112,9 +112,10 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
                          Communicator& comm, const ProfileOptions& o, uint64_t seed);
 
 // osdp's candidates (plan_for_run) each timed for o.tune_steps steps after a warm-up, one after the other, at
-// the run's model, batch (`local` rows per rank) and engine options: rank 0's medians (ms), given to every rank.
-std::vector<double> time_plans(const TrainOptions& o, const std::vector<PlanCandidate>& candidates,
-                               int64_t local, Communicator& comm);
+// the run's model, batch (`local` rows per rank) and engine options: rank 0's step times (ms) per candidate,
+// given to every rank.
+std::vector<std::vector<double>> time_plans(const TrainOptions& o, const std::vector<PlanCandidate>& candidates,
+                                            int64_t local, Communicator& comm);
 
 // The curve of one metrics file (`train --metrics`): every step record holding `y`, by `x` = "step" or
 // "bytes" (MiB sent so far, the running sum of each step's comm_bytes). With mean_of = k > 1, each point is

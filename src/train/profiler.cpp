@@ -7,6 +7,7 @@
 #include "slimshard/common.h"
 #include "slimshard/data_parallel.h"
 #include "slimshard/json.h"
+#include "slimshard/memory.h"
 #include "slimshard/optim.h"
 #include "slimshard/train.h"
 #include "step.h"
@@ -14,10 +15,11 @@
 namespace slimshard {
 namespace {
 
-// Median ms of `steps` training steps after one warm-up: the model laid out by `plan`, `accum` micro-batches
-// of `micro` rows per rank (random rows; the weights are this call's own).
-double time_steps(const ModelConfig& cfg, const Plan& plan, int64_t micro, int64_t accum, Communicator& comm,
-                  uint64_t seed, int steps, const DataParallel::Options& dp_opts) {
+// The times (ms) of `steps` training steps after one warm-up: the model laid out by `plan`, `accum`
+// micro-batches of `micro` rows per rank (random rows; the weights are this call's own).
+std::vector<double> time_steps(const ModelConfig& cfg, const Plan& plan, int64_t micro, int64_t accum,
+                               Communicator& comm, uint64_t seed, int steps,
+                               const DataParallel::Options& dp_opts) {
   auto model = build_model(cfg, seed);
   const std::vector<Strategy> strategies = apply_plan(resolve_plan(plan, op_shapes(*model)), *model);
   const auto [x, y] = random_inputs(cfg, micro, seed + static_cast<uint64_t>(comm.rank()));
@@ -37,14 +39,14 @@ double time_steps(const ModelConfig& cfg, const Plan& plan, int64_t micro, int64
       times.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
   }
-  return median(times);
+  return times;
 }
 
 double time_uniform(const ModelConfig& cfg, Strategy s, int64_t b, Communicator& comm, uint64_t seed, int steps,
                     const Precision& prec) {
   DataParallel::Options dp_opts;
   dp_opts.precision = prec;
-  return time_steps(cfg, uniform_plan(s), b, 1, comm, seed, steps, dp_opts);
+  return median(time_steps(cfg, uniform_plan(s), b, 1, comm, seed, steps, dp_opts));
 }
 
 }  // namespace
@@ -66,16 +68,18 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
   return p;
 }
 
-std::vector<double> time_plans(const TrainOptions& o, const std::vector<PlanCandidate>& candidates,
-                               int64_t local, Communicator& comm) {
+std::vector<std::vector<double>> time_plans(const TrainOptions& o, const std::vector<PlanCandidate>& candidates,
+                                            int64_t local, Communicator& comm) {
   const DataParallel::Options dp_opts{o.bucket_bytes, o.prefetch, o.precision, o.fuse_bytes};
   nlohmann::json times = nlohmann::json::array();
   for (const PlanCandidate& c : candidates) {
     const int64_t micro = c.plan.micro_batch > 0 ? c.plan.micro_batch : local;
     times.push_back(time_steps(o.model, c.plan, micro, local / micro, comm, o.seed, o.tune_steps, dp_opts));
   }
+  memory::release_cache();  // the candidates' blocks, sized for other layouts
   // Rank 0's figures for all: every rank then chooses the same plan.
-  return nlohmann::json::parse(broadcast_string(comm, times.dump(), 0)).get<std::vector<double>>();
+  return nlohmann::json::parse(broadcast_string(comm, times.dump(), 0))
+      .get<std::vector<std::vector<double>>>();
 }
 
 }  // namespace slimshard

@@ -214,20 +214,29 @@ Plan Trainer::choose_plan() {
 }
 
 // osdp's choice among the searched plan and the uniform ones that fit, by timing them when there is a choice:
-// on one host the cost model's error (5–15 %) is larger than the differences between strategies
-// (docs/osdp.md), and a plan the model prefers by a few percent can run slower.
+// on one host the cost model's error (5–15 %) can be larger than the differences between strategies
+// (docs/osdp.md). So can this machine's noise: another plan replaces the searched one only if every step of
+// it ran faster than every step of the searched plan (with 3 steps each, a chance of 1 in 20 when the two
+// are equal), the fastest median of those.
 Plan Trainer::measured_choice(const std::vector<PlanCandidate>& c, int64_t local) {
   osdp_choice_ = c.front();
   if (c.size() == 1 || o_.tune_steps == 0) return c.front().plan;
   if (rank_ == 0)
     std::fprintf(stderr, "osdp: timing %zu plans, %d steps each (--tune-steps) ...\n", c.size(), o_.tune_steps);
-  const std::vector<double> ms = time_plans(o_, c, local, comm_);
-  const size_t best = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
+  const std::vector<std::vector<double>> ms = time_plans(o_, c, local, comm_);
+  const double searched_fastest = *std::min_element(ms[0].begin(), ms[0].end());
+  size_t best = 0;
+  for (size_t i = 1; i < c.size(); ++i)
+    if (*std::max_element(ms[i].begin(), ms[i].end()) < searched_fastest && median(ms[i]) < median(ms[best]))
+      best = i;
   if (rank_ == 0) {
-    std::printf("osdp: measured step ms (predicted):");
+    std::printf("osdp: measured step ms, median [range] (predicted):");
     for (size_t i = 0; i < c.size(); ++i)
-      std::printf("%s %s %.1f (%.1f)", i ? ";" : "", c[i].name.c_str(), ms[i], c[i].predicted_ms);
-    std::printf("\nosdp: chose the %s (fastest measured): predicted peak %s MiB, step %.1f ms\n", c[best].name.c_str(),
+      std::printf("%s %s %.1f [%.1f-%.1f] (%.1f)", i ? ";" : "", c[i].name.c_str(), median(ms[i]),
+                  *std::min_element(ms[i].begin(), ms[i].end()), *std::max_element(ms[i].begin(), ms[i].end()),
+                  c[i].predicted_ms);
+    std::printf("\nosdp: trains the %s (%s): predicted peak %s MiB, step %.1f ms\n", c[best].name.c_str(),
+                best == 0 ? "no other plan ran faster at every step" : "faster at every step",
                 format_mib(static_cast<double>(c[best].predicted_peak)).c_str(), c[best].predicted_ms);
     std::fflush(stdout);
   }
