@@ -52,7 +52,7 @@ struct TrainOptions {
   SlimOptions slim;                // for ops whose strategy is slim
   bool allow_slim = false;         // osdp: the search may choose slim for replicated ops
   bool allow_hybrid = true;        // osdp across hosts: the search may choose hsdp, hsdp2
-  int tune_steps = 3;              // osdp: time the searched plan and the uniform ones that fit; 0 = trust the model
+  int tune_steps = 0;              // osdp: time the searched plan and the uniform ones that fit; 0 = trust the model
   // Checkpoints: every save_every steps (0 = only at the end and on exit-after) into ckpt_dir, keeping the
   // newest keep_last; resume from the newest complete checkpoint under `resume`.
   std::string ckpt_dir;
