@@ -114,7 +114,7 @@ nlohmann::json bench_entry(const BenchOptions& o, const RunSpec& base, const Pro
     row["peak_bytes"] = s["peak_bytes"];
     row["comm_bytes_per_step"] = s["comm_bytes_per_step"];
     row["comm_bytes_inter_per_step"] = s.value("comm_bytes_inter_per_step", int64_t{0});
-    if (s.contains("osdp")) {  // the run measured its candidates: the predictions of the one it trained
+    if (s.contains("osdp")) {  // osdp: the predictions of the plan the run trained (--tune-steps may swap it)
       row["osdp_choice"] = s["osdp"]["choice"];
       row["predicted_step_ms"] = s["osdp"]["predicted_step_ms"];
       row["predicted_peak_bytes"] = s["osdp"]["predicted_peak_bytes"];
