@@ -434,9 +434,9 @@ TEST(Planner, PlanCommandBadProfilesAndBudgets) {
   expect_bad("overlap.json", k.dump(), "overlap_slowdown");
 }
 
-// `train --strategy osdp` under a budget that stops DDP: osdp times its candidates (the searched plan and the
-// uniform ones that fit) and trains the fastest measured; the plan trains, and its measured peak is the one the
-// plan predicted (the allocator enforcing the budget alone would let any plan that happens to fit pass).
+// `train --strategy osdp` under a budget that stops DDP, timing its candidates (--tune-steps): the plan
+// trains, and its measured peak is the one the plan predicted (the allocator enforcing the budget alone would
+// let any plan that happens to fit pass).
 TEST(Planner, TrainOsdpFitsABudgetThatStopsDdp) {
   const std::string dir = test::scratch_dir();
   const std::string args =

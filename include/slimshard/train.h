@@ -52,7 +52,7 @@ struct TrainOptions {
   SlimOptions slim;                // for ops whose strategy is slim
   bool allow_slim = false;         // osdp: the search may choose slim for replicated ops
   bool allow_hybrid = true;        // osdp across hosts: the search may choose hsdp, hsdp2
-  int tune_steps = 0;              // osdp: time the searched plan and the uniform ones that fit; 0 = trust the model
+  int tune_steps = 0;              // osdp: time its candidates this many steps each; 0 = trust the model
   // Checkpoints: every save_every steps (0 = only at the end and on exit-after) into ckpt_dir, keeping the
   // newest keep_last; resume from the newest complete checkpoint under `resume`.
   std::string ckpt_dir;
@@ -114,8 +114,9 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
 // osdp's candidates (plan_for_run) each timed for o.tune_steps steps after a warm-up, one after the other, at
 // the run's model, batch (`local` rows per rank) and engine options: rank 0's step times (ms) per candidate,
 // given to every rank.
-std::vector<std::vector<double>> time_plans(const TrainOptions& o, const std::vector<PlanCandidate>& candidates,
-                                            int64_t local, Communicator& comm);
+std::vector<std::vector<double>> time_plans(const TrainOptions& o,
+                                            const std::vector<PlanCandidate>& candidates, int64_t local,
+                                            Communicator& comm);
 
 // The curve of one metrics file (`train --metrics`): every step record holding `y`, by `x` = "step" or
 // "bytes" (MiB sent so far, the running sum of each step's comm_bytes). With mean_of = k > 1, each point is

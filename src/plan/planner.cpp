@@ -134,9 +134,9 @@ std::string search_on_rank0(const RunSpec& spec, const Profile* measured, const 
   std::fflush(stdout);
   auto candidate = [&](const std::string& name, const SearchResult& x) {
     return nlohmann::ordered_json{{"name", name},
-                          {"plan", plan_to_json(m, x)},
-                          {"step_ms", x.cost.step_ms},
-                          {"peak_bytes", x.cost.peak_bytes}};
+                                  {"plan", plan_to_json(m, x)},
+                                  {"step_ms", x.cost.step_ms},
+                                  {"peak_bytes", x.cost.peak_bytes}};
   };
   auto has_slim = [](const SearchResult& x) {
     return std::any_of(x.choices.begin(), x.choices.end(),

@@ -47,8 +47,8 @@ std::vector<double> time_steps(const ModelConfig& cfg, const Plan& plan, int64_t
   return times;
 }
 
-double time_uniform(const ModelConfig& cfg, Strategy s, int64_t b, Communicator& comm, uint64_t seed, int steps,
-                    const Precision& prec) {
+double time_uniform(const ModelConfig& cfg, Strategy s, int64_t b, Communicator& comm, uint64_t seed,
+                    int steps, const Precision& prec) {
   DataParallel::Options dp_opts;
   dp_opts.precision = prec;
   return median(time_steps(cfg, uniform_plan(s), b, 1, comm, seed, steps, dp_opts));
@@ -73,8 +73,9 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
   return p;
 }
 
-std::vector<std::vector<double>> time_plans(const TrainOptions& o, const std::vector<PlanCandidate>& candidates,
-                                            int64_t local, Communicator& comm) {
+std::vector<std::vector<double>> time_plans(const TrainOptions& o,
+                                            const std::vector<PlanCandidate>& candidates, int64_t local,
+                                            Communicator& comm) {
   const DataParallel::Options dp_opts{o.bucket_bytes, o.prefetch, o.precision, o.fuse_bytes};
   nlohmann::json times = nlohmann::json::array();
   for (const PlanCandidate& c : candidates) {

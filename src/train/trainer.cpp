@@ -222,7 +222,8 @@ Plan Trainer::measured_choice(const std::vector<PlanCandidate>& c, int64_t local
   osdp_choice_ = c.front();
   if (c.size() == 1 || o_.tune_steps == 0) return c.front().plan;
   if (rank_ == 0)
-    std::fprintf(stderr, "osdp: timing %zu plans, %d steps each (--tune-steps) ...\n", c.size(), o_.tune_steps);
+    std::fprintf(stderr, "osdp: timing %zu plans, %d steps each (--tune-steps) ...\n", c.size(),
+                 o_.tune_steps);
   const std::vector<std::vector<double>> ms = time_plans(o_, c, local, comm_);
   const double searched_fastest = *std::min_element(ms[0].begin(), ms[0].end());
   size_t best = 0;
@@ -233,8 +234,8 @@ Plan Trainer::measured_choice(const std::vector<PlanCandidate>& c, int64_t local
     std::printf("osdp: measured step ms, median [range] (predicted):");
     for (size_t i = 0; i < c.size(); ++i)
       std::printf("%s %s %.1f [%.1f-%.1f] (%.1f)", i ? ";" : "", c[i].name.c_str(), median(ms[i]),
-                  *std::min_element(ms[i].begin(), ms[i].end()), *std::max_element(ms[i].begin(), ms[i].end()),
-                  c[i].predicted_ms);
+                  *std::min_element(ms[i].begin(), ms[i].end()),
+                  *std::max_element(ms[i].begin(), ms[i].end()), c[i].predicted_ms);
     std::printf("\nosdp: trains the %s (%s): predicted peak %s MiB, step %.1f ms\n", c[best].name.c_str(),
                 best == 0 ? "no other plan ran faster at every step" : "faster at every step",
                 format_mib(static_cast<double>(c[best].predicted_peak)).c_str(), c[best].predicted_ms);
