@@ -261,10 +261,12 @@ at::Tensor Linear::backward_impl(AutogradContext* ctx, const at::Tensor& dy) {
   for (int j = 0; j < splits(); ++j) {
     ShardedParam* wp = w_[static_cast<size_t>(j)];
     at::Tensor dyj = splits() == 1 ? dy2 : dy2.narrow(1, j * rows, rows);
-    at::Tensor w = wp->materialize();
-    if (need_dx) dx = j == 0 ? at::mm(dyj, w) : dx.addmm_(dyj, w);
+    {
+      const at::Tensor w = wp->materialize();
+      if (need_dx) dx = j == 0 ? at::mm(dyj, w) : dx.addmm_(dyj, w);
+    }
     add_mm_grad(wp, dyj.t(), x2);
-    wp->release();
+    wp->release();  // the gathered weight goes now, not after the bias's reduction below
     wp->grad_ready();
     if (!b_.empty()) accumulate(b_[static_cast<size_t>(j)], sum_rows(dyj, {0}));
   }

@@ -396,6 +396,7 @@ class TransientSim {
           break;
         case Ev::ready: {
           const int64_t numel = block_numel(i, e.param);
+          const int64_t wire = narrow_wire_ ? 2 : 4;  // bytes per element reduced
           if (const std::vector<int>* g = group(id); g && (frees_full_grad(s) || s == Strategy::zero1)) {
             // Held until the group's last gradient; then one packed reduce-scatter of all of them.
             auto& pending = pending_[group_of_.at(id)];
@@ -404,17 +405,26 @@ class TransientSim {
             int64_t n = 0;
             for (int64_t k : pending) n += k;
             pending.clear();
-            if (frees_full_grad(s)) own_bytes_ -= 4 * n;
-            push_flight((narrow_wire_ ? 2 : 4) * (n + 2 * n / ranks(i)));  // packed in, packed out, slices
+            const int64_t packed = wire * (n + 2 * n / ranks(i));  // packed in, packed out, slices
+            // The moment of packing (DataParallel::flush_group): the gradients handed in are alive beside
+            // the packed buffers: the fp32 ones themselves, or on a bf16 wire their copies (the fp32 ones
+            // of zero2/zero3 freed just before).
+            const int64_t freed = frees_full_grad(s) ? 4 * n : 0;
+            *most = std::max(*most, live() + packed + (narrow_wire_ ? 2 * n - freed : 0));
+            if (narrow_wire_) *most = std::max(*most, live() + 2 * n + 2 * n / ranks(i));  // before the free
+            own_bytes_ -= freed;
+            push_flight(packed);
             break;
           }
           int64_t held = 0;  // what travels: the gradient (or its bf16 copy) and the slice it lands in
           if (frees_full_grad(s)) {
+            // On a bf16 wire the copy is made while the fp32 gradient is alive.
+            if (narrow_wire_ && !(world_ == 1 && accum_ == 1)) *most = std::max(*most, live() + 2 * numel);
             own_bytes_ -= 4 * numel;
             if (world_ == 1 && accum_ == 1) break;  // copied into the owned slice at once
             // A slice to land in when accumulating, on a bf16 wire, or for the hybrid step across hosts.
             const bool slice = accum_ > 1 || narrow_wire_ || (shards_within_host(s) && ranks(i) < world_);
-            held = (narrow_wire_ ? 2 : 4) * (numel + (slice ? numel / ranks(i) : 0));
+            held = wire * (numel + (slice ? numel / ranks(i) : 0));
           } else if (s == Strategy::zero1 && narrow_wire_ && world_ > 1) {
             held = 2 * (numel + numel / world_);  // the bf16 copy of the persistent full gradient
           } else {

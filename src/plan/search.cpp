@@ -25,6 +25,8 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr size_t kMaxBounds = 256;
+// How often a bound's plan is searched again with the persistent budget cut by its overshoot.
+constexpr int kTightenings = 4;
 
 struct Candidate {
   std::vector<std::vector<ChoiceCost>> per_op;  // every op's choices, costed at one micro-batch
@@ -111,8 +113,8 @@ std::vector<size_t> fastest(const Candidate& cand) {
   return best;
 }
 
-// The fastest choices with every load ≤ B and the persistent bytes within limit − B (rounded up to
-// buckets): an index per op, or empty if none; *time its sum of op times.
+// The fastest choices with every load ≤ B and the persistent bytes within `budget` (limit − B, or less after
+// a tightening; rounded up to buckets): an index per op, or empty if none; *time its sum of op times.
 // What the knapsack writes its choices into, allocated once per search (only entries written are read).
 struct KnapsackScratch {
   std::vector<uint8_t> arg[2];  // per branch: the choice of op i at weight u
@@ -124,11 +126,11 @@ struct KnapsackScratch {
   }
 };
 
-std::vector<size_t> knapsack(const CostModel& m, const Candidate& cand, int64_t B, const SearchOptions& o,
-                             KnapsackScratch& scratch, double* time) {
+std::vector<size_t> knapsack(const CostModel& m, const Candidate& cand, int64_t B, int64_t budget,
+                             const SearchOptions& o, KnapsackScratch& scratch, double* time) {
   const size_t n = cand.per_op.size(), W = static_cast<size_t>(o.memory_buckets) + 1;
   const int M = o.memory_buckets;
-  const int64_t unit = unit_for(o.mem_limit - B, M);
+  const int64_t unit = unit_for(budget, M);
   const auto segs = segments(m);
   std::vector<double> dp(W, 0.0), cur(W), next(W), best(W);
   scratch.size_for(n, segs.size(), W);
@@ -316,10 +318,19 @@ SearchResult search_one_rule(const CostModel& m, const SearchOptions& o, SearchR
         }
         if (fastest_ms >= best.cost.step_ms) continue;
       }
-      double t = 0;
-      const std::vector<size_t> pick = knapsack(m, cand, B, o, scratch, &t);
-      if (pick.empty() || (best.fits && t + m.fixed_ms(micro) >= best.cost.step_ms)) continue;
-      keep_if_better(result_from(m, pick, cand, micro), o, best);
+      // The rule's loads are taken in uniform neighbourhoods: a mixed plan can peak above what it admits.
+      // Then the bound is searched again with the persistent budget cut by the overshoot.
+      int64_t budget = o.mem_limit - B;
+      for (int attempt = 0; attempt < kTightenings && budget >= 0; ++attempt) {
+        double t = 0;
+        const std::vector<size_t> pick = knapsack(m, cand, B, budget, o, scratch, &t);
+        if (pick.empty() || (best.fits && t + m.fixed_ms(micro) >= best.cost.step_ms)) break;
+        SearchResult r = result_from(m, pick, cand, micro);
+        const int64_t over = r.cost.peak_bytes - o.mem_limit;
+        keep_if_better(std::move(r), o, best);
+        if (over <= 0) break;
+        budget -= over;
+      }
     }
   }
   if (!best.fits) best.explanation = explain(m, o);
@@ -329,52 +340,67 @@ SearchResult search_one_rule(const CostModel& m, const SearchOptions& o, SearchR
 SearchResult brute_force_one_rule(const CostModel& m, const SearchOptions& o, SearchResult best) {
   for (int64_t micro : m.micro_batches()) {
     const Candidate cand = costed(m, micro, o.mem_limit);
-    const size_t n = cand.per_op.size();
+    const size_t n = cand.per_op.size(), nb = cand.bounds.size();
     // The search's rule, by enumeration: per bound B the fastest plan whose loads are ≤ B and whose rounded
-    // persistent bytes fit in limit − B; then each bound's plan checked by the simulation. Recomputation per
-    // block: every assignment to the blocks in turn, each op's choices restricted to its block's.
-    std::vector<double> best_time(cand.bounds.size(), kInf);
-    std::vector<std::vector<size_t>> best_pick(cand.bounds.size());
+    // persistent bytes fit in limit − B; then each bound's plan checked by the simulation, and a bound whose
+    // plan overshoots enumerated again with its budget cut by the overshoot. Recomputation per block: every
+    // assignment to the blocks in turn, each op's choices restricted to its block's.
+    std::vector<int64_t> budget(nb);
+    std::vector<bool> open(nb, true);
+    for (size_t b = 0; b < nb; ++b) budget[b] = o.mem_limit - cand.bounds[b];
     int blocks = 0;
     for (size_t i = 0; i < n; ++i) blocks = std::max(blocks, m.block_index(i) + 1);
     const int assignments = m.recompute_is_choice() ? 1 << blocks : 1;
-    for (int rc = 0; rc < assignments; ++rc) {
-      std::vector<std::vector<size_t>> allowed(n);  // indices into cand.per_op[i]
-      for (size_t i = 0; i < n; ++i)
-        for (size_t c = 0; c < cand.per_op[i].size(); ++c) {
-          const int b = m.block_index(i);
-          if (!m.recompute_is_choice() || b < 0 ||
-              cand.per_op[i][c].choice.recompute == (((rc >> b) & 1) == 1))
-            allowed[i].push_back(c);
-        }
-      std::vector<size_t> pos(n, 0), idx(n, 0);
-      for (;;) {
-        for (size_t i = 0; i < n; ++i) idx[i] = allowed[i][pos[i]];
-        double t = 0;
-        int64_t most = 0;
+    for (int attempt = 0; attempt < kTightenings; ++attempt) {
+      std::vector<double> best_time(nb, kInf);
+      std::vector<std::vector<size_t>> best_pick(nb);
+      for (int rc = 0; rc < assignments; ++rc) {
+        std::vector<std::vector<size_t>> allowed(n);  // indices into cand.per_op[i]
         for (size_t i = 0; i < n; ++i)
-          t += cand.per_op[i][idx[i]].time_ms, most = std::max(most, cand.per_op[i][idx[i]].load_bytes);
-        for (size_t b = 0; b < cand.bounds.size(); ++b) {
-          const int64_t B = cand.bounds[b];
-          if (o.mem_limit <= 0) {
-            if (b > 0) break;
-          } else {
-            if (B < most) continue;
-            if (o.mem_limit - B < 0) break;
-            const int64_t unit = unit_for(o.mem_limit - B, o.memory_buckets);
-            int64_t units = 0;
-            for (size_t i = 0; i < n; ++i) units += weight(cand.per_op[i][idx[i]], unit);
-            if (units > o.memory_buckets) continue;
+          for (size_t c = 0; c < cand.per_op[i].size(); ++c) {
+            const int b = m.block_index(i);
+            if (!m.recompute_is_choice() || b < 0 ||
+                cand.per_op[i][c].choice.recompute == (((rc >> b) & 1) == 1))
+              allowed[i].push_back(c);
           }
-          if (t < best_time[b]) best_time[b] = t, best_pick[b] = idx;
+        std::vector<size_t> pos(n, 0), idx(n, 0);
+        for (;;) {
+          for (size_t i = 0; i < n; ++i) idx[i] = allowed[i][pos[i]];
+          double t = 0;
+          int64_t most = 0;
+          for (size_t i = 0; i < n; ++i)
+            t += cand.per_op[i][idx[i]].time_ms, most = std::max(most, cand.per_op[i][idx[i]].load_bytes);
+          for (size_t b = 0; b < nb; ++b) {
+            if (!open[b]) continue;
+            if (o.mem_limit <= 0) {
+              if (b > 0) break;
+            } else {
+              if (cand.bounds[b] < most) continue;
+              if (budget[b] < 0) continue;
+              const int64_t unit = unit_for(budget[b], o.memory_buckets);
+              int64_t units = 0;
+              for (size_t i = 0; i < n; ++i) units += weight(cand.per_op[i][idx[i]], unit);
+              if (units > o.memory_buckets) continue;
+            }
+            if (t < best_time[b]) best_time[b] = t, best_pick[b] = idx;
+          }
+          size_t i = 0;
+          while (i < n && ++pos[i] == allowed[i].size()) pos[i++] = 0;
+          if (i == n) break;
         }
-        size_t i = 0;
-        while (i < n && ++pos[i] == allowed[i].size()) pos[i++] = 0;
-        if (i == n) break;
       }
+      bool again = false;
+      for (size_t b = 0; b < nb; ++b) {
+        if (!open[b]) continue;
+        open[b] = false;
+        if (best_pick[b].empty()) continue;
+        SearchResult r = result_from(m, best_pick[b], cand, micro);
+        const int64_t over = o.mem_limit > 0 ? r.cost.peak_bytes - o.mem_limit : 0;
+        keep_if_better(std::move(r), o, best);
+        if (over > 0 && budget[b] - over >= 0) budget[b] -= over, open[b] = again = true;
+      }
+      if (!again) break;
     }
-    for (size_t b = 0; b < cand.bounds.size(); ++b)
-      if (!best_pick[b].empty()) keep_if_better(result_from(m, best_pick[b], cand, micro), o, best);
   }
   return best;
 }
