@@ -26,6 +26,10 @@ struct OpChoice {
   Strategy strategy = Strategy::ddp;
   int splits = 1;
   bool recompute = false;  // the op's block recomputes its forward in backward
+  bool operator==(const OpChoice& o) const {
+    return strategy == o.strategy && splits == o.splits && recompute == o.recompute;
+  }
+  bool operator!=(const OpChoice& o) const { return !(*this == o); }
 };
 
 struct PlanEntry {

@@ -143,12 +143,7 @@ std::string search_on_rank0(const RunSpec& spec, const Profile* measured, const 
                        [](const auto& c) { return c.second.strategy == Strategy::slim; });
   };
   auto same = [](const SearchResult& a, const SearchResult& b) {
-    if (a.cost.micro_batch != b.cost.micro_batch || a.choices.size() != b.choices.size()) return false;
-    for (const auto& [op, c] : a.choices) {
-      const OpChoice& d = b.choices.at(op);
-      if (c.strategy != d.strategy || c.splits != d.splits || c.recompute != d.recompute) return false;
-    }
-    return true;
+    return a.cost.micro_batch == b.cost.micro_batch && a.choices == b.choices;
   };
   nlohmann::ordered_json out = nlohmann::ordered_json::array({candidate("searched plan", r)});
   if (!has_slim(r)) {
