@@ -29,7 +29,6 @@ struct OpChoice {
   bool operator==(const OpChoice& o) const {
     return strategy == o.strategy && splits == o.splits && recompute == o.recompute;
   }
-  bool operator!=(const OpChoice& o) const { return !(*this == o); }
 };
 
 struct PlanEntry {
