@@ -115,10 +115,12 @@ ns=\$(awk -v h="\$host" '\$1 == h || \$2 == h {print \$2}' "$dir/hosts")
 exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$ns; \$*"
 EOF
   chmod +x "$dir/agent"
-  # What mpirun needs to run across the hosts: the hostfile and agent, TCP pinned to the cluster's subnet.
+  # What mpirun needs to run across the hosts: the hostfile and agent, TCP pinned to the cluster's subnet, and
+  # no binding: every host's daemon sees the same cores and would bind its first rank to core 0, so with one
+  # rank per host every rank of the cluster ran on core 0 while the others idled.
   echo "--hostfile $dir/hostfile --mca plm_rsh_agent $dir/agent --mca plm_rsh_no_tree_spawn 1" \
     "--mca btl self,vader,tcp --mca btl_tcp_if_include 10.77.$k.0/24 --mca oob_tcp_if_include 10.77.$k.0/24" \
-    >"$dir/mpirun-flags"
+    "--bind-to none" >"$dir/mpirun-flags"
   echo "$hosts $ranks $link" >"$dir/shape"
 }
 
