@@ -43,6 +43,7 @@ Profile synthetic_profile(const ModelConfig& cfg, int world, unsigned seed) {
       const auto scratch = [&] { return static_cast<int64_t>(5e4 * static_cast<double>(b) * u(rng)); };
       op.act_moments[b] =
           OpMoments{before + scratch(), after + scratch(), after + scratch(), after + scratch()};
+      op.act_moments[b].bwd_tail = op.act_moments[b].bwd;
     }
   for (int64_t b : p.micro_batches)
     p.loss_fwd_ms[b] = 0.1 * static_cast<double>(b), p.loss_bwd_ms[b] = 0.05, p.loss_act_bytes[b] = 1000 * b,
@@ -67,7 +68,8 @@ Profile synthetic_profile(const ModelConfig& cfg, int world, unsigned seed) {
       if (name.empty()) continue;
       const OpMoments& m = op.act_moments[b];
       const int64_t kept_rc = op.live_before_rc[b] + (first ? block_none[b] / 10 : 0);
-      op.act_moments_rc[b] = OpMoments{kept_rc, kept_rc, m.before_bwd - less[b], m.bwd - less[b]};
+      op.act_moments_rc[b] =
+          OpMoments{kept_rc, kept_rc, m.before_bwd - less[b], m.bwd - less[b], m.bwd_tail - less[b]};
     }
   }
   for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"}) {

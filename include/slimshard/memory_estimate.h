@@ -17,12 +17,21 @@
 
 namespace slimshard {
 
-// Bytes at the four moments around one op where the peak is sampled: in the code before it (forward: since
-// the previous op's end — attention, GELU, residuals; backward: their backward) and in the op itself.
+// Bytes at the moments around one op where the peak is sampled: in the code before it (forward: since the
+// previous op's end — attention, GELU, residuals; backward: their backward), in the op itself, and in its
+// backward's tail, from the hand-over of its (last) weight gradient on: there the backward's temporaries
+// (the weight-gradient GEMM's output) are gone and the hand-over's (a bf16 copy of the gradient, a fused
+// group's packed buffers) are made, so the two are paired there and not added up at `bwd`.
 struct OpMoments {
-  int64_t before_fwd = 0, fwd = 0, before_bwd = 0, bwd = 0;
-  int64_t most() const { return std::max(std::max(before_fwd, fwd), std::max(before_bwd, bwd)); }
+  int64_t before_fwd = 0, fwd = 0, before_bwd = 0, bwd = 0, bwd_tail = 0;
+  int64_t most() const { return std::max({before_fwd, fwd, before_bwd, bwd, bwd_tail}); }
+  void shift(int64_t by) { before_fwd += by, fwd += by, before_bwd += by, bwd += by, bwd_tail += by; }
 };
+// The highest of activations + transients over the moments they share.
+inline int64_t paired_peak(const OpMoments& a, const OpMoments& t) {
+  return std::max({a.before_fwd + t.before_fwd, a.fwd + t.fwd, a.before_bwd + t.before_bwd, a.bwd + t.bwd,
+                   a.bwd_tail + t.bwd_tail});
+}
 
 // Activations come from a probe: one forward and backward of the model at the micro-batch in this process,
 // laid out as training lays it out (gradients allocated), with the tracking allocator recording the peak in

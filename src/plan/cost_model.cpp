@@ -148,7 +148,8 @@ CostModel CostModel::from_cluster(const ClusterSpec& c, const ModelConfig& cfg, 
     // Backward at an op: what the ops up to it keep, the backward's own scratch, and (first) the loss's.
     for (OpProfile& op : m.ops_) {
       OpMoments& om = op.act_moments[b];
-      om.before_bwd = om.bwd = om.fwd + m.bwd_extra_[b] + (&op == &m.ops_.back() ? m.loss_act_[b] : 0);
+      om.before_bwd = om.bwd = om.bwd_tail =
+          om.fwd + m.bwd_extra_[b] + (&op == &m.ops_.back() ? m.loss_act_[b] : 0);
     }
     // Recomputing every block: a block keeps its input alone (its first op's share); in its backward the
     // recomputed forward holds all it kept without recomputation again, on top of the blocks before it.
@@ -168,6 +169,7 @@ CostModel CostModel::from_cluster(const ClusterSpec& c, const ModelConfig& cfg, 
       op.act_moments_rc[b].before_fwd = op.act_moments_rc[b].fwd = static_cast<int64_t>(kept_rc);
       op.act_moments_rc[b].before_bwd = static_cast<int64_t>(static_cast<double>(none.before_bwd) + shift);
       op.act_moments_rc[b].bwd = static_cast<int64_t>(static_cast<double>(none.bwd) + shift);
+      op.act_moments_rc[b].bwd_tail = static_cast<int64_t>(static_cast<double>(none.bwd_tail) + shift);
     }
     // Live before each op with every block recomputing: less, by what the blocks before no longer keep.
     double less = 0, block_none = 0;
@@ -244,7 +246,7 @@ OpMoments CostModel::local_moments(size_t op, bool recompute, int64_t micro) con
   const bool rc = recompute && block_[op] >= 0 && rc_measured_;
   OpMoments m = act_moments(ops_[op], micro, rc);
   const int64_t before = kept_before(op, micro, [&](int) { return rc; });
-  m.before_fwd -= before, m.fwd -= before, m.before_bwd -= before, m.bwd -= before;
+  m.shift(-before);
   return m;
 }
 
@@ -422,20 +424,21 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
       cc.kept_bytes = block_kept(micro)[c.recompute ? 1 : 0][static_cast<size_t>(block_[op])];
   } else {
     const int64_t before = kept_before(op, micro, [&](int) { return o_.recompute == Recompute::all; });
-    a.before_fwd += before, a.fwd += before, a.before_bwd += before, a.bwd += before;
+    a.shift(before);
   }
   cc.transient_bytes = t.most();
-  cc.load_bytes = std::max(std::max(a.before_fwd + t.before_fwd, a.fwd + t.fwd),
-                           std::max(a.before_bwd + t.before_bwd, a.bwd + t.bwd));
+  cc.load_bytes = paired_peak(a, t);
   return cc;
 }
 
 OpMoments CostModel::act_moments(const OpProfile& op, int64_t micro, bool recompute) const {
-  std::map<int64_t, int64_t> parts[4];
+  std::map<int64_t, int64_t> parts[5];
   for (const auto& [b, m] : recompute ? op.act_moments_rc : op.act_moments)
-    parts[0][b] = m.before_fwd, parts[1][b] = m.fwd, parts[2][b] = m.before_bwd, parts[3][b] = m.bwd;
+    parts[0][b] = m.before_fwd, parts[1][b] = m.fwd, parts[2][b] = m.before_bwd, parts[3][b] = m.bwd,
+    parts[4][b] = m.bwd_tail;
   return OpMoments{interp_bytes(parts[0], micro), interp_bytes(parts[1], micro),
-                   interp_bytes(parts[2], micro), interp_bytes(parts[3], micro)};
+                   interp_bytes(parts[2], micro), interp_bytes(parts[3], micro),
+                   interp_bytes(parts[4], micro)};
 }
 
 OpMoments CostModel::op_transients(size_t op, OpChoice c, int64_t accum) const {
@@ -459,7 +462,7 @@ ActivationMoments CostModel::activations(int64_t micro,
   for (size_t i = 0; i < ops_.size(); ++i) {
     OpMoments m = local_moments(i, block_[i] >= 0 && rc[static_cast<size_t>(block_[i])], micro);
     const int64_t before = kept_before(i, micro, of_block);
-    m.before_fwd += before, m.fwd += before, m.before_bwd += before, m.bwd += before;
+    m.shift(before);
     a.ops.push_back(m);
   }
   a.loss = interp_bytes(loss_peak_, micro);

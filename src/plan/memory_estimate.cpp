@@ -37,6 +37,15 @@ ActivationProfile probe_activations(const ModelConfig& config, int64_t micro_bat
   const auto [x, y] = random_inputs(config, micro_batch, seed);  // the batch is live through the step too
   int64_t prev = base;
   memory::reset_peaks();
+  // An op's backward splits at the hand-over of a weight gradient: the peak before it is kept aside, and the
+  // span restarts, so at the op's end the peak since the last one is the backward's tail (OpMoments).
+  int64_t head = -1;  // the backward's peak before its last weight hand-over; -1: none yet
+  for (ShardedParam* p : model->params().all())
+    if (p->name().size() > 7 && p->name().compare(p->name().size() - 7, 7, ".weight") == 0)
+      p->set_grad_ready_hook([&](ShardedParam&) {
+        head = std::max(head, memory::peak_bytes() - base);
+        memory::reset_peaks();
+      });
   // Each call closes a span: the peak since the last call belongs to the moment that ends here.
   set_op_observer([&](const Op& op, OpPhase phase) {
     // A recomputed forward inside backward: its peak stays for the backward moment that follows.
@@ -44,11 +53,16 @@ ActivationProfile probe_activations(const ModelConfig& config, int64_t micro_bat
     const int64_t peak = memory::peak_bytes() - base;
     if (phase == OpPhase::forward_begin) prof.live_before.emplace(op.name(), memory::live_bytes() - base);
     OpMoments& m = prof.moments[op.name()];
+    if (phase == OpPhase::backward_end) {
+      m.bwd = std::max({m.bwd, head, peak});
+      m.bwd_tail = std::max(m.bwd_tail, head >= 0 ? peak : m.bwd);
+    }
     int64_t& into = phase == OpPhase::forward_begin    ? m.before_fwd
                     : phase == OpPhase::forward_end    ? m.fwd
                     : phase == OpPhase::backward_begin ? m.before_bwd
                                                        : m.bwd;
     into = std::max(into, peak);
+    head = -1;
     if (phase == OpPhase::forward_end) {
       const int64_t now = memory::live_bytes();
       prof.op_bytes[op.name()] += now - prev;
@@ -244,7 +258,7 @@ class TransientSim {
         for (size_t k = block_first_[i]; k <= i; ++k) play(k, false, &t.ops[i].before_bwd);
         keeping_ = false;
       }
-      play(i, true, &t.ops[i].bwd);
+      play(i, true, &t.ops[i].bwd, &t.ops[i].bwd_tail);
       if (choices_[i].recompute && block_first_[i] == i) drop_kept();
     }
     return t;
@@ -357,10 +371,13 @@ class TransientSim {
     limit = std::min(limit, trace_.size());
     while (issued_ < limit && static_cast<int>(gathered_.size()) < depth_ + 1) issue(issued_++);
   }
-  void play(size_t i, bool backward, int64_t* most) {
+  // Plays op i's events, sampling into *most; in backward, from the hand-over of its last weight block on,
+  // into *tail (OpMoments::bwd_tail).
+  void play(size_t i, bool backward, int64_t* most, int64_t* tail = nullptr) {
     const Strategy s = choices_[i].strategy;
     for (const Event& e : *events_[i][backward]) {
       const int id = key(i, e);
+      if (tail && e.ev == Ev::ready && e.param == 0 && e.block == choices_[i].splits - 1) most = tail;
       switch (e.ev) {
         case Ev::acquire: {
           if (!gathers_on_use(s)) break;
@@ -507,6 +524,8 @@ PeakBreakdown peak_of(int64_t persistent, int64_t optimizer_scratch, const Activ
   for (size_t i = ops.size(); i-- > 0;) {
     consider(a.ops[i].before_bwd, t.ops[i].before_bwd, "backward before " + ops[i].name);
     consider(a.ops[i].bwd, t.ops[i].bwd, "backward of " + ops[i].name);
+    consider(a.ops[i].bwd_tail, t.ops[i].bwd_tail,
+             "backward of " + ops[i].name + ", its gradient handed over");
   }
   consider(0, optimizer_scratch, "optimizer");
   return best;

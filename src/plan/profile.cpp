@@ -25,7 +25,8 @@
 namespace slimshard {
 namespace {
 
-// 2: activation peaks around and in each op (act_moments: before and in forward, before and in backward;
+// 2: activation peaks around and in each op (act_moments: before and in forward, before and in backward, and
+// the backward's tail after its weight gradient's hand-over — absent in older version 2 files;
 // loss.peak_bytes), measured with the gradients laid out (version 1 counted them as backward activations).
 constexpr int kProfileVersion = 2;
 
@@ -301,7 +302,8 @@ void calibrate_profile(Profile& p, const MeasuredSteps& steps) {
 namespace {
 nlohmann::json moments_json(const std::map<int64_t, OpMoments>& by_b) {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& [b, m] : by_b) j[std::to_string(b)] = {m.before_fwd, m.fwd, m.before_bwd, m.bwd};
+  for (const auto& [b, m] : by_b)
+    j[std::to_string(b)] = {m.before_fwd, m.fwd, m.before_bwd, m.bwd, m.bwd_tail};
   return j;
 }
 }  // namespace
@@ -439,11 +441,13 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
                               std::map<int64_t, OpMoments>& out) {
         for (int64_t b : p.micro_batches) {
           const auto& v = by_b.at(std::to_string(b));
-          if (!v.is_array() || v.size() != 4)
-            throw UsageError(field + ": expected 4 byte counts per micro-batch");
-          int64_t m[4];
-          for (size_t k = 0; k < 4; ++k) m[k] = json_integer(v[k], field, 0, kMaxBytes);
-          out[b] = OpMoments{m[0], m[1], m[2], m[3]};
+          // Profiles before the backward's tail was measured have 4: the tail is then taken as the
+          // whole backward's peak (the estimate as it was).
+          if (!v.is_array() || (v.size() != 4 && v.size() != 5))
+            throw UsageError(field + ": expected 5 byte counts per micro-batch");
+          int64_t m[5];
+          for (size_t k = 0; k < v.size(); ++k) m[k] = json_integer(v[k], field, 0, kMaxBytes);
+          out[b] = OpMoments{m[0], m[1], m[2], m[3], v.size() == 5 ? m[4] : m[3]};
         }
       };
       read_b(ops[i].at("act_bytes"), "ops." + o.name + ".act_bytes", o.act_bytes, true);
