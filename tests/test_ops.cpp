@@ -5,7 +5,9 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "slimshard/common.h"
+#include "slimshard/memory.h"
 #include "slimshard/nn.h"
+#include "slimshard/sharded_param.h"
 
 using namespace slimshard;
 
@@ -103,6 +105,26 @@ TEST(Ops, EmbeddingMatchesLibTorch) {
       emb, ids, [&](const at::Tensor& t) { return emb(t); },
       [&](const at::Tensor& t, const std::vector<at::Tensor>& w) { return at::embedding(w[0], t); },
       /*x_grad=*/false);
+}
+
+// A bf16 addend into an fp32 gradient: LibTorch's add_ bit for bit (odd sizes, across parallel_for's grain),
+// and not one byte allocated for it, where add_ allocates an fp32 copy of the addend.
+TEST(Ops, AddWideningEqualsAddWithoutATemporary) {
+  at::manual_seed(7);
+  for (int64_t n : {1, 1000, 70001, 300000}) {
+    const at::Tensor dst = at::randn({n}), src = at::randn({n}).to(at::kBFloat16);
+    at::Tensor expected = dst.clone(), got = dst.clone();
+    expected.add_(src);
+    memory::reset_peaks();
+    const int64_t live = memory::live_bytes();
+    add_widening(got, src);
+    EXPECT_EQ(memory::peak_bytes(), live) << n;
+    EXPECT_TRUE(at::equal(got, expected)) << n;
+  }
+  // Other dtypes and layouts fall back to add_.
+  at::Tensor a = at::ones({4, 3}), b = at::ones({3, 4}).t();
+  add_widening(a, b);
+  EXPECT_TRUE(at::equal(a, at::full({4, 3}, 2.0)));
 }
 
 TEST(Ops, LayerNormMatchesLibTorch) {

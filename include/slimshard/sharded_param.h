@@ -211,4 +211,10 @@ class ShardedParam {
   friend class KeptGathers;
 };
 
+// dst += src, into an fp32 gradient: with a bf16 src (a weight-gradient GEMM's output, a slice off a bf16
+// wire) without the fp32 copy of all of src that LibTorch's CPU add_ of mixed dtypes makes first (4 bytes per
+// element more at backward's peak, or on the comm thread at a moment no estimate can know); each sum is the
+// same fp32 addition. Other dtypes: add_.
+void add_widening(const at::Tensor& dst, const at::Tensor& src);
+
 }  // namespace slimshard

@@ -94,7 +94,7 @@ at::Tensor draw(std::vector<int64_t> shape, Init init, int64_t fan_in, at::Gener
 }
 
 void accumulate(ShardedParam* p, const at::Tensor& g) {
-  p->grad_buffer().add_(g);  // a bf16 gradient is added into the fp32 one
+  add_widening(p->grad_buffer(), g);  // a bf16 gradient is added into the fp32 one
   p->grad_ready();
 }
 
@@ -105,7 +105,7 @@ void add_mm_grad(ShardedParam* p, const at::Tensor& a, const at::Tensor& b) {
   if (g.scalar_type() == a.scalar_type())
     g.addmm_(a, b);
   else
-    g.add_(at::mm(a, b));
+    add_widening(g, at::mm(a, b));
 }
 
 // A bias gradient: the sum over rows, accumulated in fp32 even when the rows are bf16.

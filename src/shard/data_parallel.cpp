@@ -119,7 +119,7 @@ void DataParallel::flush_group(size_t g) {
   // zero1 reduces its accumulated gradient once per step (copy); the others each micro-batch's (add).
   std::function<void()> apply = [owned, parts, zero1]() mutable {
     for (size_t i = 0; i < owned.size(); ++i)
-      zero1 ? void(owned[i].copy_(parts[i])) : void(owned[i].add_(parts[i]));
+      zero1 ? void(owned[i].copy_(parts[i])) : add_widening(owned[i], parts[i]);
   };
   if (across_hosts(s) && micro_index_ == micro_count_ - 1) {
     // The last micro-batch: the host's slices plus what earlier micro-batches accumulated cross hosts once.
@@ -176,7 +176,7 @@ void DataParallel::on_grad_ready(ShardedParam& p) {
       at::Tensor wire = narrow_wire(full) ? full.to(reduce_) : full;
       full.reset();
       at::Tensor part = at::empty({p.shard_numel()}, wire.options()), owned = p.grad();
-      std::function<void()> add = [owned, part]() mutable { owned.add_(part); };
+      std::function<void()> add = [owned, part]() mutable { add_widening(owned, part); };
       if (across_hosts(s) && last) {
         // Hybrid, last micro-batch: this one's host slice plus the accumulated ones, averaged across hosts
         // once per step (the callbacks run on the comm thread in order, between the two collectives).

@@ -2,6 +2,8 @@
 // sharded_param.h).
 #include "slimshard/sharded_param.h"
 
+#include <ATen/Parallel.h>
+
 #include "slimshard/common.h"
 
 namespace slimshard {
@@ -224,6 +226,19 @@ int64_t ShardedParam::resident_bytes() const {
   if (strategy_ == Strategy::zero1) bytes += grad_flat_.nbytes();
   for (const auto& kv : optim_state_) bytes += kv.second.nbytes();
   return bytes;
+}
+
+void add_widening(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.scalar_type() != at::kFloat || src.scalar_type() != at::kBFloat16 || !dst.is_contiguous() ||
+      !src.is_contiguous() || dst.numel() != src.numel()) {
+    dst.add_(src);
+    return;
+  }
+  float* o = dst.data_ptr<float>();
+  const c10::BFloat16* q = src.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, dst.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) o[i] += static_cast<float>(q[i]);
+  });
 }
 
 }  // namespace slimshard
