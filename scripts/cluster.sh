@@ -115,11 +115,18 @@ ns=\$(awk -v h="\$host" '\$1 == h || \$2 == h {print \$2}' "$dir/hosts")
 exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$ns; \$*"
 EOF
   chmod +x "$dir/agent"
-  # What mpirun needs to run across the hosts: the hostfile and agent, TCP pinned to the cluster's subnet, and
-  # no binding: every host's daemon sees the same cores and would bind its first rank to core 0, so with one
-  # rank per host every rank of the cluster ran on core 0 while the others idled.
+  # OpenMPI's collectives among 2 ranks (the peers across 2 hosts): its default all-reduce and reduce-scatter
+  # ran at 40-60 % of a shaped link (13.3 MB at 100 Mbit/s: 1.6-2.2 s; the link carries 10.8 MB/s each way
+  # both ways at once); recursive doubling (all-reduce) and recursive halving (reduce-scatter) run at its rate
+  # (1.16-1.28 s, 0.61-0.66 s). OpenMPI's rules file: collective id (2 all-reduce, 13 reduce-scatter-block),
+  # communicator sizes, message sizes, then "from-bytes algorithm fan-out segment".
+  printf '%s\n' 2 2 1 2 1 "0 3 0 0" 13 1 2 1 "0 3 0 0" >"$dir/coll-rules"
+  # What mpirun needs to run across the hosts: the hostfile and agent, TCP pinned to the cluster's subnet, the
+  # rules above, and no binding: every host's daemon sees the same cores and would bind its first rank to
+  # core 0, so with one rank per host every rank of the cluster ran on core 0 while the others idled.
   echo "--hostfile $dir/hostfile --mca plm_rsh_agent $dir/agent --mca plm_rsh_no_tree_spawn 1" \
     "--mca btl self,vader,tcp --mca btl_tcp_if_include 10.77.$k.0/24 --mca oob_tcp_if_include 10.77.$k.0/24" \
+    "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_dynamic_rules_filename $dir/coll-rules" \
     "--bind-to none" >"$dir/mpirun-flags"
   echo "$hosts $ranks $link" >"$dir/shape"
 }
