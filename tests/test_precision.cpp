@@ -144,13 +144,18 @@ TEST(Precision, Bf16MemoryEstimateHolds) {
 
 // With a bf16 wire, a gradient's backward temporaries (the bf16 weight-gradient GEMM's output) and its
 // hand-over's (the bf16 copy, the slice it lands in, a fused group's packed buffers) never coexist: the
-// estimate pairs each with the activations of its own part of the op's backward (OpMoments::bwd_tail). Added
-// up, they put the MLP's estimate 5-12 % above its peak under zero1 and zero2. zero3 is left out: its peak
-// varies by up to 8 % from run to run with how far the comm thread is behind.
+// estimate pairs each with the activations of its own part of the op's backward (OpMoments::bwd_tail); added
+// up, they had put the MLP's zero1 and zero2 estimates 5-12 % above the peak. The peak itself depends on how
+// far the comm thread is behind (the estimate takes it as far behind as the engine lets it be): seen exact to
+// 7 % below the estimate from run to run, so this holds the goal — within 10 %, never more than 2 % below,
+// over 20 steps — on every strategy, zero3 included (whose comm thread once added a 4-byte copy of each
+// reduced slice: 2.2 % above the estimate in 1 run of 16).
 TEST(Precision, Bf16WireEstimateHoldsOnMixedPlans) {
   const std::string dir = test::scratch_dir();
-  for (const auto& [fc1, fc2, fc3] : std::vector<std::array<std::string, 3>>{
-           {"zero1", "zero1", "zero1"}, {"zero2", "zero2", "zero2"}, {"zero1", "zero2", "ddp"}}) {
+  for (const auto& [fc1, fc2, fc3] : std::vector<std::array<std::string, 3>>{{"zero1", "zero1", "zero1"},
+                                                                             {"zero2", "zero2", "zero2"},
+                                                                             {"zero3", "zero3", "zero3"},
+                                                                             {"zero1", "zero2", "ddp"}}) {
     const std::string tag = fc1 + "_" + fc2 + "_" + fc3;
     const std::string plan = dir + "/" + tag + ".json";
     write_file_atomic(plan, R"({"micro_batch":32,"ops":{"fc1":{"strategy":")" + fc1 +
@@ -158,7 +163,7 @@ TEST(Precision, Bf16WireEstimateHoldsOnMixedPlans) {
                                 R"("}}})");
     const std::string args =
         "--model mlp --batch-size 64 --precision bf16 --reduce-dtype bf16 --plan " + plan;
-    const TRun r = train(2, args + " --data fashion-mnist --steps 3 --eval-rows 64", dir, tag);
+    const TRun r = train(2, args + " --data fashion-mnist --steps 20 --eval-rows 64", dir, tag);
     ASSERT_EQ(r.code, 0) << r.output;
     const double measured = r.summary["peak_bytes"].get<double>();
     auto e =
@@ -166,7 +171,8 @@ TEST(Precision, Bf16WireEstimateHoldsOnMixedPlans) {
     ASSERT_EQ(e.code, 0) << e.output;
     const double estimate =
         nlohmann::json::parse(read_file(dir + "/" + tag + "_est.json", "test"))["peak_bytes"];
-    EXPECT_NEAR(estimate, measured, 0.02 * measured) << tag;
+    EXPECT_LE(estimate, 1.10 * measured) << tag << ": measured " << measured;
+    EXPECT_GE(estimate, 0.98 * measured) << tag << ": estimated " << estimate;
   }
 }
 
