@@ -118,7 +118,7 @@ EOF
   # OpenMPI's collectives among 2 ranks (the peers across 2 hosts): its default all-reduce and reduce-scatter
   # ran at 40-60 % of a shaped link (13.3 MB at 100 Mbit/s: 1.6-2.2 s; the link carries 10.8 MB/s each way
   # both ways at once); recursive doubling (all-reduce) and recursive halving (reduce-scatter) run at its rate
-  # (1.16-1.28 s, 0.61-0.66 s). OpenMPI's rules file: collective id (2 all-reduce, 13 reduce-scatter-block),
+  # (1.14-1.28 s, 0.61-0.69 s). OpenMPI's rules file: collective id (2 all-reduce, 13 reduce-scatter-block),
   # communicator sizes, each with its message sizes: "from-bytes algorithm fan-out segment". A communicator
   # takes the rule of the largest size not above its own, so size 3 and up get algorithm 0: OpenMPI's
   # defaults (without it flat MPI at 4 ranks ran recursive doubling: ddp 844 -> 452 tokens/s at 100 Mbit/s).
