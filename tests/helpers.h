@@ -89,6 +89,28 @@ inline std::string last_line(const std::string& out) {
   return s.substr(s.rfind('\n') == std::string::npos ? 0 : s.rfind('\n') + 1);
 }
 
+// `slimshard memory ARGS --world WORLD --json DIR/TAG_est.json`: the estimated peak per rank in bytes (a
+// failed command fails the test and gives -1).
+inline double estimated_peak(const std::string& args, int world, const std::string& dir,
+                             const std::string& tag) {
+  const std::string json = dir + "/" + tag + "_est.json";
+  const auto r = run(bin() + " memory " + args + " --world " + std::to_string(world) + " --json " + json);
+  EXPECT_EQ(r.code, 0) << r.output;
+  if (r.code != 0) return -1;
+  std::ifstream in(json);
+  return nlohmann::json::parse(in)["peak_bytes"].get<double>();
+}
+
+// A plan for the MLP at micro-batch 32, fc1, fc2 and fc3 under the given strategies: written to DIR/TAG.json.
+inline std::string write_mlp_plan(const std::string& dir, const std::string& tag, const std::string& fc1,
+                                  const std::string& fc2, const std::string& fc3) {
+  const std::string path = dir + "/" + tag + ".json";
+  std::ofstream(path) << R"({"micro_batch":32,"ops":{"fc1":{"strategy":")" << fc1
+                      << R"("},"fc2":{"strategy":")" << fc2 << R"("},"fc3":{"strategy":")" << fc3
+                      << R"("}}})";
+  return path;
+}
+
 // `slimshard ARGS` exits 2 with one error line naming `needle` last, and no uncaught exception.
 inline void expect_usage_error(const std::string& args, const std::string& needle) {
   auto r = run(bin() + " " + args);

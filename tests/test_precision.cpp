@@ -134,9 +134,7 @@ TEST(Precision, Bf16MemoryEstimateHolds) {
     const TRun r = train(2, args + " --data kjv --steps 3 --eval-rows 4", dir, s);
     ASSERT_EQ(r.code, 0) << r.output;
     const double measured = r.summary["peak_bytes"].get<double>();
-    auto e = test::run(test::bin() + " memory " + args + " --world 2 --json " + dir + "/" + s + ".json");
-    ASSERT_EQ(e.code, 0) << e.output;
-    const double estimate = nlohmann::json::parse(read_file(dir + "/" + s + ".json", "test"))["peak_bytes"];
+    const double estimate = test::estimated_peak(args, 2, dir, s);
     EXPECT_LE(estimate, 1.10 * measured) << s << ": measured " << measured;
     EXPECT_GE(estimate, 0.98 * measured) << s << ": estimated " << estimate;
   }
@@ -157,20 +155,12 @@ TEST(Precision, Bf16WireEstimateHoldsOnMixedPlans) {
                                                                              {"zero3", "zero3", "zero3"},
                                                                              {"zero1", "zero2", "ddp"}}) {
     const std::string tag = fc1 + "_" + fc2 + "_" + fc3;
-    const std::string plan = dir + "/" + tag + ".json";
-    write_file_atomic(plan, R"({"micro_batch":32,"ops":{"fc1":{"strategy":")" + fc1 +
-                                R"("},"fc2":{"strategy":")" + fc2 + R"("},"fc3":{"strategy":")" + fc3 +
-                                R"("}}})");
-    const std::string args =
-        "--model mlp --batch-size 64 --precision bf16 --reduce-dtype bf16 --plan " + plan;
+    const std::string args = "--model mlp --batch-size 64 --precision bf16 --reduce-dtype bf16 --plan " +
+                             test::write_mlp_plan(dir, tag, fc1, fc2, fc3);
     const TRun r = train(2, args + " --data fashion-mnist --steps 20 --eval-rows 64", dir, tag);
     ASSERT_EQ(r.code, 0) << r.output;
     const double measured = r.summary["peak_bytes"].get<double>();
-    auto e =
-        test::run(test::bin() + " memory " + args + " --world 2 --json " + dir + "/" + tag + "_est.json");
-    ASSERT_EQ(e.code, 0) << e.output;
-    const double estimate =
-        nlohmann::json::parse(read_file(dir + "/" + tag + "_est.json", "test"))["peak_bytes"];
+    const double estimate = test::estimated_peak(args, 2, dir, tag);
     EXPECT_LE(estimate, 1.10 * measured) << tag << ": measured " << measured;
     EXPECT_GE(estimate, 0.98 * measured) << tag << ": estimated " << estimate;
   }

@@ -112,12 +112,7 @@ TEST(Sharding, PeakMemoryMatchesEstimateAndOrders) {
       const Result r = train(n, args + " --data kjv --steps 3 --eval-rows 4", dir, s + std::to_string(n));
       ASSERT_EQ(r.code, 0) << r.output;
       measured[s] = r.summary["peak_bytes"].get<int64_t>();
-      const std::string est_json = dir + "/est_" + s + std::to_string(n) + ".json";
-      auto e = test::run(test::bin() + " memory " + args + " --world " + std::to_string(n) + " --json " +
-                         est_json);
-      ASSERT_EQ(e.code, 0) << e.output;
-      std::ifstream in(est_json);
-      const int64_t estimate = nlohmann::json::parse(in)["peak_bytes"].get<int64_t>();
+      const auto estimate = static_cast<int64_t>(test::estimated_peak(args, n, dir, s + std::to_string(n)));
       EXPECT_NEAR(double(measured[s]), double(estimate), 0.10 * double(measured[s]))
           << s << " at " << n << " ranks: measured " << measured[s] << ", estimated " << estimate;
     }
@@ -141,10 +136,7 @@ TEST(Sharding, EstimateHoldsOnWideShallowAndDeepNarrowShapes) {
       const Result r = train(2, args + " --data kjv --steps 3 --eval-rows 4", dir, tag);
       ASSERT_EQ(r.code, 0) << r.output;
       const double measured = r.summary["peak_bytes"].get<double>();
-      auto e = test::run(test::bin() + " memory " + args + " --world 2 --json " + dir + "/" + tag + ".json");
-      ASSERT_EQ(e.code, 0) << e.output;
-      const double estimate =
-          nlohmann::json::parse(read_file(dir + "/" + tag + ".json", "test"))["peak_bytes"];
+      const double estimate = test::estimated_peak(args, 2, dir, tag);
       EXPECT_LE(estimate, 1.10 * measured) << shapes[k] << " " << s << ": measured " << measured;
       EXPECT_GE(estimate, 0.98 * measured) << shapes[k] << " " << s << ": estimated " << estimate;
     }
@@ -158,20 +150,12 @@ TEST(Sharding, EstimateHoldsOnMixedPlansAroundAFusedGroup) {
   for (const auto& [fc1, fc2, fc3] : std::vector<std::array<std::string, 3>>{
            {"zero1", "zero2", "ddp"}, {"ddp", "zero3", "ddp"}, {"zero2", "zero3", "zero1"}}) {
     const std::string tag = fc1 + "_" + fc2 + "_" + fc3;
-    const std::string plan =
-        write_plan(dir, tag + ".json",
-                   R"({"micro_batch":32,"ops":{"fc1":{"strategy":")" + fc1 + R"("},"fc2":{"strategy":")" +
-                       fc2 + R"("},"fc3":{"strategy":")" + fc3 + R"("}}})");
-    const std::string args = "--model mlp --batch-size 64 --plan " + plan;
+    const std::string args =
+        "--model mlp --batch-size 64 --plan " + test::write_mlp_plan(dir, tag, fc1, fc2, fc3);
     const Result r = train(2, args + " --data fashion-mnist --steps 3 --eval-rows 64", dir, tag);
     ASSERT_EQ(r.code, 0) << r.output;
     const double measured = r.summary["peak_bytes"].get<double>();
-    auto e =
-        test::run(test::bin() + " memory " + args + " --world 2 --json " + dir + "/" + tag + "_est.json");
-    ASSERT_EQ(e.code, 0) << e.output;
-    const double estimate =
-        nlohmann::json::parse(read_file(dir + "/" + tag + "_est.json", "test"))["peak_bytes"];
-    EXPECT_NEAR(estimate, measured, 0.02 * measured) << tag;
+    EXPECT_NEAR(test::estimated_peak(args, 2, dir, tag), measured, 0.02 * measured) << tag;
   }
 }
 
