@@ -1,8 +1,9 @@
 // search.h — OSDP's search: per op a choice (strategy × splits) and one micro-batch, minimising the step time
-// (maximising samples/s at the fixed global batch) with the peak under `mem_limit`. Exact for the cost model
-// with memory rounded up to `memory_buckets` steps of the budget: a multiple-choice knapsack by dynamic
-// programming, for every bound on the largest transient and every micro-batch. A brute-force oracle for
-// tests, the uniform baselines, and the plan file a result is written as.
+// (maximising samples/s at the fixed global batch) with the peak under `mem_limit`. A multiple-choice knapsack
+// by dynamic programming (exact for its rule: loads in uniform neighbourhoods, memory rounded up to
+// `memory_buckets` steps of the budget), for every bound on the largest load and every micro-batch, then a
+// descent by the engine's simulation over moves of one or two adjacent ops. A brute-force oracle of the rule
+// for tests, the uniform baselines, and the plan file a result is written as.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -5,7 +5,8 @@
 // bound B on the largest load (every distinct load in turn, thinned to kMaxBounds), allowing only choices
 // under it, and giving the knapsack a budget of limit − B; persistent bytes are rounded up to budget/buckets.
 // Each bound's best plan is then checked with the engine's own simulation (CostModel::evaluate), which also
-// sees what neighbours of different strategies do to each other, and kept only if it fits.
+// sees what neighbours of different strategies do to each other, and kept only if it fits. Last, a descent
+// by that simulation finds the mixed plans the rule turned away (`descend`).
 // Recomputation (a choice per GPT block): a block's ops are decided together — the knapsack runs the block
 // once recomputing and once not, from the same state, and keeps the better at each weight. What a block keeps
 // through the step then depends on its choice: it is charged as weight (beside the persistent bytes), and an
@@ -188,7 +189,7 @@ void keep_if_better(SearchResult r, const SearchOptions& o, SearchResult& best) 
 }
 
 // The smallest peak any plan reaches at a micro-batch (zero3 with the most splits is the most frugal choice).
-PlanCost frugal(const CostModel& m, int64_t micro) {
+PlanCost frugal(const CostModel& m, int64_t micro, std::map<std::string, OpChoice>* plan = nullptr) {
   std::map<std::string, OpChoice> choices;
   for (size_t i = 0; i < m.ops().size(); ++i) {
     OpChoice best{Strategy::zero3, 1};
@@ -202,6 +203,7 @@ PlanCost frugal(const CostModel& m, int64_t micro) {
     }
     choices[m.ops()[i].name] = best;
   }
+  if (plan) *plan = choices;
   return m.evaluate(choices, micro);
 }
 
@@ -271,16 +273,128 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
   return msg;
 }
 
+// The rule above takes each op's load in a uniform neighbourhood, so it can turn away a mixed plan that fits
+// (an op beside ones that prefetch nothing carries less than beside its own kind). The search's plan is then
+// improved by the simulation itself: moves that change one op, or two adjacent ones (where the rule errs:
+// neighbours), tried in order of the time they save (step time is additive over ops, so a move's gain is
+// known before simulating it), the first that fits taken, until no move saves time. It never makes a plan
+// slower or one that does not fit. A move is simulated only if the moments far from it (where its transients
+// cannot reach; memory_estimate.cpp) leave room for its persistent bytes: with a tight budget most cannot.
+SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult best) {
+  if (!best.fits || o.mem_limit <= 0) return best;
+  const int64_t micro = best.cost.micro_batch;
+  const size_t n = m.ops().size();
+  const CostOptions& co = m.options();
+  const std::vector<OpShape> shapes(m.ops().begin(), m.ops().end());
+  const size_t reach = static_cast<size_t>(std::max(0, co.prefetch)) + 8;
+  std::vector<std::vector<ChoiceCost>> per_op(n);
+  for (size_t i = 0; i < n; ++i)
+    for (OpChoice ch : m.candidates(i)) per_op[i].push_back(m.cost(i, ch, micro));
+  struct Move {
+    double gain;
+    size_t op;
+    int first, second;  // indices into per_op[op], per_op[op + 1] (-1: unchanged)
+  };
+  std::vector<OpChoice> plan(n);
+  std::vector<int64_t> before(n + 1, 0), after(n + 1, 0);
+  const auto refresh = [&] {  // the plan as a vector, and each op's most activations + transients, cumulated
+    for (size_t i = 0; i < n; ++i) plan[i] = best.choices.at(m.ops()[i].name);
+    const ActivationMoments act = m.activations(micro, &best.choices);
+    const TransientMoments tr = simulate_transients(shapes, plan, co.world, co.prefetch, best.cost.accum,
+                                                    co.precision, co.fuse_bytes, co.ranks_per_host);
+    for (size_t i = 0; i < n; ++i) before[i + 1] = std::max(before[i], paired_peak(act.ops[i], tr.ops[i]));
+    for (size_t i = n; i-- > 0;) after[i] = std::max(after[i + 1], paired_peak(act.ops[i], tr.ops[i]));
+  };
+  const auto far_load = [&](size_t lo, size_t hi) {  // ops outside [lo − reach, hi + reach]
+    return std::max(before[lo > reach ? lo - reach : 0], after[std::min(n, hi + reach + 1)]);
+  };
+  // Each round takes, in order of gain, every move that fits and touches no op an earlier move of the round
+  // changed (its gain is then still what it was).
+  for (int round = 0; round < 256; ++round) {
+    refresh();
+    std::vector<Move> moves;
+    for (size_t i = 0; i < n; ++i)
+      for (size_t a = 0; a < per_op[i].size(); ++a) {
+        const bool a_same = per_op[i][a].choice == plan[i];
+        // A block recomputes as a whole: no move changes it.
+        if (per_op[i][a].choice.recompute != plan[i].recompute) continue;
+        const double ga = best.cost.per_op[i].time_ms - per_op[i][a].time_ms;
+        if (!a_same && ga > 0) moves.push_back({ga, i, static_cast<int>(a), -1});
+        if (a_same || i + 1 == n) continue;
+        for (size_t b = 0; b < per_op[i + 1].size(); ++b) {
+          const ChoiceCost& cb = per_op[i + 1][b];
+          const double g = ga + best.cost.per_op[i + 1].time_ms - cb.time_ms;
+          if (!(cb.choice == plan[i + 1]) && cb.choice.recompute == plan[i + 1].recompute && g > 0)
+            moves.push_back({g, i, static_cast<int>(a), static_cast<int>(b)});
+        }
+      }
+    std::stable_sort(moves.begin(), moves.end(),
+                     [](const Move& x, const Move& y) { return x.gain > y.gain; });
+    std::vector<bool> touched(n, false);
+    bool moved = false;
+    for (const Move& mv : moves) {
+      const size_t i = mv.op, last = mv.second >= 0 ? i + 1 : i;
+      if (touched[i] || touched[last]) continue;
+      int64_t persistent = best.cost.persistent_bytes;
+      persistent +=
+          per_op[i][static_cast<size_t>(mv.first)].mem.persistent() - best.cost.per_op[i].mem.persistent();
+      if (mv.second >= 0)
+        persistent += per_op[i + 1][static_cast<size_t>(mv.second)].mem.persistent() -
+                      best.cost.per_op[i + 1].mem.persistent();
+      if (persistent + far_load(i, last) > o.mem_limit) continue;
+      std::map<std::string, OpChoice> next = best.choices;
+      next[m.ops()[i].name] = per_op[i][static_cast<size_t>(mv.first)].choice;
+      if (mv.second >= 0) next[m.ops()[i + 1].name] = per_op[i + 1][static_cast<size_t>(mv.second)].choice;
+      const PlanCost c = m.evaluate(next, micro);
+      if (c.peak_bytes > o.mem_limit || c.step_ms >= best.cost.step_ms) continue;
+      best.choices = std::move(next), best.cost = c;
+      touched[i] = touched[last] = moved = true;
+      refresh();
+    }
+    if (!moved) break;
+  }
+  return best;
+}
+
 // With recomputation a choice, the rule charges every block's kept activations at every moment, which can
 // turn away plans without recomputation that fit; those are searched by the exact rule too, and the faster
 // fitting result kept (the first result seeds the second search, whose bounds it then prunes).
+// Then the descent, from the result and, at every other micro-batch, from its most frugal plan if that fits
+// (the rule may have found nothing there that fits, where the simulation finds room).
 using SearchFn = SearchResult (*)(const CostModel&, const SearchOptions&, SearchResult);
 SearchResult better_of_both(const CostModel& m, const SearchOptions& o, SearchFn search) {
-  if (!m.recompute_is_choice()) return search(m, o, SearchResult{});
-  const CostModel none = m.without_recompute();
-  SearchResult first = search(none, o, SearchResult{});
-  m.adopt_caches(none);
-  return search(m, o, std::move(first));
+  SearchResult found;
+  if (!m.recompute_is_choice()) {
+    found = search(m, o, SearchResult{});
+  } else {
+    const CostModel none = m.without_recompute();
+    SearchResult first = search(none, o, SearchResult{});
+    m.adopt_caches(none);
+    found = search(m, o, std::move(first));
+  }
+  if (o.mem_limit <= 0) return found;
+  SearchResult best = descend(m, o, found);
+  for (int64_t micro : m.micro_batches()) {
+    if (found.fits && micro == found.cost.micro_batch) continue;
+    SearchResult start;
+    start.cost = frugal(m, micro, &start.choices);
+    start.fits = start.cost.peak_bytes <= o.mem_limit;
+    keep_if_better(descend(m, o, std::move(start)), o, best);
+  }
+  for (int64_t micro : m.micro_batches())
+    for (Strategy s : {Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3, Strategy::hsdp,
+                       Strategy::hsdp2}) {
+      if (shards_within_host(s) && m.options().hosts() < 2) continue;
+      SearchResult start;
+      for (size_t i = 0; i < m.ops().size(); ++i)
+        start.choices[m.ops()[i].name] =
+            OpChoice{s, 1, m.block_index(i) >= 0 && m.options().recompute == Recompute::all};
+      start.cost = m.evaluate(start.choices, micro);
+      start.fits = start.cost.peak_bytes <= o.mem_limit;
+      keep_if_better(descend(m, o, std::move(start)), o, best);
+    }
+  if (best.fits) best.explanation.clear();
+  return best;
 }
 
 SearchResult search_one_rule(const CostModel& m, const SearchOptions& o, SearchResult best);
