@@ -366,6 +366,7 @@ TEST(Planner, HybridShardingIsAChoiceAcrossHosts) {
       ASSERT_TRUE(with.fits && without.fits && oracle.fits) << what;
       EXPECT_LE(with.cost.step_ms, 1.01 * oracle.cost.step_ms) << what;
       EXPECT_LE(with.cost.step_ms, without.cost.step_ms) << what;
+      EXPECT_EQ(hybrid_ops(without), 0) << what;  // not offered: not chosen, not even as a start
       if (hybrid_ops(oracle) > 0) {
         ++hybrid_wins;
         EXPECT_GT(hybrid_ops(with), 0) << what;

@@ -384,11 +384,15 @@ SearchResult better_of_both(const CostModel& m, const SearchOptions& o, SearchFn
   for (int64_t micro : m.micro_batches())
     for (Strategy s : {Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3, Strategy::hsdp,
                        Strategy::hsdp2}) {
-      if (shards_within_host(s) && m.options().hosts() < 2) continue;
       SearchResult start;
-      for (size_t i = 0; i < m.ops().size(); ++i)
-        start.choices[m.ops()[i].name] =
-            OpChoice{s, 1, m.block_index(i) >= 0 && m.options().recompute == Recompute::all};
+      bool offered = true;  // a start the model's choices allow (hybrid sharding off, one host: not)
+      for (size_t i = 0; i < m.ops().size() && offered; ++i) {
+        const OpChoice c{s, 1, m.block_index(i) >= 0 && m.options().recompute == Recompute::all};
+        const std::vector<OpChoice> allowed = m.candidates(i);
+        offered = std::find(allowed.begin(), allowed.end(), c) != allowed.end();
+        start.choices[m.ops()[i].name] = c;
+      }
+      if (!offered) continue;
       start.cost = m.evaluate(start.choices, micro);
       start.fits = start.cost.peak_bytes <= o.mem_limit;
       keep_if_better(descend(m, o, std::move(start)), o, best);
