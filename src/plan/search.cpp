@@ -277,8 +277,9 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
 // (an op beside ones that prefetch nothing carries less than beside its own kind). The search's plan is then
 // improved by the simulation itself: moves that change one op, or two adjacent ones (where the rule errs:
 // neighbours), tried in order of the time they save (step time is additive over ops, so a move's gain is
-// known before simulating it), the first that fits taken, until no move saves time. It never makes a plan
-// slower or one that does not fit. A move is simulated only if the moments far from it (where its transients
+// known before simulating it); a round takes every move that fits and touches no op an earlier move of the
+// round changed, and the descent stops after a round that takes none. It never makes a plan slower or one
+// that does not fit. A move is simulated only if the moments far from it (where its transients
 // cannot reach; memory_estimate.cpp) leave room for its persistent bytes: with a tight budget most cannot.
 SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult best) {
   if (!best.fits || o.mem_limit <= 0) return best;
@@ -359,8 +360,10 @@ SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult be
 // With recomputation a choice, the rule charges every block's kept activations at every moment, which can
 // turn away plans without recomputation that fit; those are searched by the exact rule too, and the faster
 // fitting result kept (the first result seeds the second search, whose bounds it then prunes).
-// Then the descent, from the result and, at every other micro-batch, from its most frugal plan if that fits
-// (the rule may have found nothing there that fits, where the simulation finds room).
+// Then the descent, from the result, at every other micro-batch from its most frugal plan, and at every
+// micro-batch from every uniform plan the model offers, where they fit (the rule may have found nothing at a
+// micro-batch where the simulation finds room; several starts escape the local optima of moves two ops wide).
+// The fastest is kept.
 using SearchFn = SearchResult (*)(const CostModel&, const SearchOptions&, SearchResult);
 SearchResult better_of_both(const CostModel& m, const SearchOptions& o, SearchFn search) {
   SearchResult found;
