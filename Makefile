@@ -37,15 +37,17 @@ test: build
 # the plain suite, to keep CI within its 90 minutes (sanitized tests run ~3x slower): every strategy across
 # hosts, 18 cluster runs (the slowest test, 72-107 s unsanitized); the three searches checked against
 # exhaustive enumeration (14-38 s each, pure arithmetic: the search's code, descent included, still runs
-# sanitized in the other Planner tests); and two tests of the memory estimate against measured peaks (45 and
-# 20 s: their training runs are the strategies Sharding.EveryStrategyAndMixedPlanEqualDdp runs sanitized).
+# sanitized in the other Planner tests); and three tests of the memory estimate against measured peaks (45,
+# 20 and 10 s: their training runs are the strategies Sharding.EveryStrategyAndMixedPlanEqualDdp runs
+# sanitized, and their peaks hang on when the comm thread hands a buffer back, which the sanitizers move: the
+# fused-group test measured 12 % under its estimate sanitized, within 2 % plain).
 # Hybrid sharding and DDP across hosts and every collective on the cluster still run sanitized (Cluster.*,
 # collectives_*_2hosts_*).
 test-asan: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLIMSHARD_SANITIZE=ON >/dev/null
 	cmake --build build-asan -j$(JOBS)
 	cd build-asan && $(SANITIZER_ENV) ctest --output-on-failure -j1 \
-	  -E '^(Cluster\.EveryStrategyAcrossHosts|Planner\.(SearchEqualsBruteForce|RecomputeIsAChoicePerBlock|SearchFindsTheSimulationsBestOnMixedPlans)|Sharding\.(PeakMemoryMatchesEstimateAndOrders|EstimateHoldsOnWideShallowAndDeepNarrowShapes))'
+	  -E '^(Cluster\.EveryStrategyAcrossHosts|Planner\.(SearchEqualsBruteForce|RecomputeIsAChoicePerBlock|SearchFindsTheSimulationsBestOnMixedPlans)|Sharding\.(PeakMemoryMatchesEstimateAndOrders|EstimateHoldsOnWideShallowAndDeepNarrowShapes|EstimateHoldsOnMixedPlansAroundAFusedGroup))'
 
 # libFuzzer on every parser of user input, FUZZ_SECONDS each (build-fuzz/; corpora in tests/fuzz/corpus/).
 fuzz: deps
