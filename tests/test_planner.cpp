@@ -113,6 +113,23 @@ SearchResult exhaustive_best(const CostModel& m, int64_t limit) {
   return best;
 }
 
+// 2 hosts x 2 ranks: the host's collectives as fast as the world's were, the inter-host link (the world's
+// collectives carry part of their bytes over it, the peers' all of theirs) 20x slower.
+void on_two_hosts(Profile& p) {
+  p.hosts = 2, p.ranks_per_host = 2;
+  p.collectives["host_all_gather"] = p.collectives.at("all_gather");
+  p.collectives["host_reduce_scatter"] = p.collectives.at("reduce_scatter");
+  CollectiveFit peers = p.collectives.at("all_reduce");
+  peers.beta_ms_per_byte *= 20;
+  p.collectives["peers_all_reduce"] = peers;
+}
+
+// The world's collectives 10x slower (they cross the dear link).
+void make_world_dear(Profile& p) {
+  for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"})
+    p.collectives[k].beta_ms_per_byte *= 10;
+}
+
 int hybrid_ops(const SearchResult& r) {
   int k = 0;
   for (const auto& [op, c] : r.choices) k += shards_within_host(c.strategy);
@@ -314,18 +331,10 @@ TEST(Planner, HybridShardingIsAChoiceAcrossHosts) {
   int hybrid_wins = 0;
   for (unsigned seed = 1; seed <= 2; ++seed)
     for (const ModelConfig* cfg : {&mlp, &cnn}) {
-      // 2 hosts x 2 ranks: the host's collectives as fast as the world's were, the inter-host link (the
-      // world's collectives carry part of their bytes over it, the peers' all of theirs) 20x slower.
       Profile p = synthetic_profile(*cfg, 4, seed);
-      p.hosts = 2, p.ranks_per_host = 2;
-      p.collectives["host_all_gather"] = p.collectives.at("all_gather");
-      p.collectives["host_reduce_scatter"] = p.collectives.at("reduce_scatter");
-      CollectiveFit peers = p.collectives.at("all_reduce");
-      peers.beta_ms_per_byte *= 20;
-      p.collectives["peers_all_reduce"] = peers;
+      on_two_hosts(p);
       Profile dear = p;
-      for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"})
-        dear.collectives[k].beta_ms_per_byte *= 10;
+      make_world_dear(dear);
       CostOptions o;
       o.world = 4, o.global_batch = 16;
       const CostModel m = CostModel::from_profile(dear, o);
@@ -548,16 +557,7 @@ TEST(Planner, SearchFindsTheSimulationsBestOnMixedPlans) {
     for (const ModelConfig* cfg : {&mlp, &cnn})
       for (int hosts : {1, 2}) {
         Profile p = synthetic_profile(*cfg, 4, seed);
-        if (hosts == 2) {
-          p.hosts = 2, p.ranks_per_host = 2;
-          p.collectives["host_all_gather"] = p.collectives.at("all_gather");
-          p.collectives["host_reduce_scatter"] = p.collectives.at("reduce_scatter");
-          CollectiveFit peers = p.collectives.at("all_reduce");
-          peers.beta_ms_per_byte *= 20;
-          p.collectives["peers_all_reduce"] = peers;
-          for (const char* k : {"all_gather", "reduce_scatter", "all_reduce"})
-            p.collectives[k].beta_ms_per_byte *= 10;
-        }
+        if (hosts == 2) on_two_hosts(p), make_world_dear(p);
         CostOptions o;
         o.world = 4, o.global_batch = 16;
         const CostModel m = CostModel::from_profile(p, o);

@@ -310,9 +310,9 @@ SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult be
     return std::max(before[lo > reach ? lo - reach : 0], after[std::min(n, hi + reach + 1)]);
   };
   // Each round takes, in order of gain, every move that fits and touches no op an earlier move of the round
-  // changed (its gain is then still what it was).
+  // changed (its gain is then still what it was). The plan's moments are refreshed after every move taken.
+  refresh();
   for (int round = 0; round < 256; ++round) {
-    refresh();
     std::vector<Move> moves;
     for (size_t i = 0; i < n; ++i)
       for (size_t a = 0; a < per_op[i].size(); ++a) {
