@@ -5,7 +5,8 @@
 # between hosts for ddp (hierarchical and flat `--comm-backend mpi`), zero2, zero3, Slim-DP's recommended
 # setting (its round overlapped with the next step, and `--slim-apply now`), osdp under a budget halfway
 # between zero3's and ddp's estimated peaks (profiled on the cluster, so it measures the links), and PyTorch's
-# DDP over gloo with its processes in the same hosts. Each run is
+# DDP over gloo with its processes in the same hosts. Optional configs (CONFIGS=...): ddp-b1 (ddp with 1 MiB
+# buckets), ddp-bf16 (gradients reduced in bf16) and torch-fp16 (PyTorch with its fp16 compression hook). Each run is
 # written under OUT and kept: rerunning the script runs only what is missing (FRESH=1 runs everything again).
 # Prints the table and writes it to OUT/cluster.md. Needs root. Hours on 2 cores with everything; pick:
 #   LINKS=100mbit TOPOS=2x2 SHAPES=gpt-small bench/cluster.sh
@@ -54,6 +55,8 @@ for link in $links; do
         case $cfg in
           ddp) args="--strategy ddp" ;;
           ddp-mpi) args="--strategy ddp --comm-backend mpi" ;;
+          ddp-b1) args="--strategy ddp --bucket-mib 1" ;;
+          ddp-bf16) args="--strategy ddp --bucket-mib 1 --reduce-dtype bf16" ;;
           zero2 | zero3) args="--strategy $cfg" ;;
           slim) args="--strategy slim --slim-core 0.5 --slim-explore 0.2 --slim-wire bf16 --slim-adam corrected --slim-apply next" ;;
           slim-now) args="--strategy slim --slim-core 0.5 --slim-explore 0.2 --slim-wire bf16 --slim-adam corrected --slim-apply now" ;;
@@ -61,10 +64,11 @@ for link in $links; do
             est() { "$bin" memory --model "$shape" --world "$W" --batch-size "$batch" --strategy "$1" --json "$out/est.json" \
               >/dev/null && python3 -c 'import json; print(json.load(open("'"$out"'/est.json"))["peak_bytes"])'; }
             args="--strategy osdp --mem-limit $(( ($(est ddp) + $(est zero3)) / 2 ))" ;;
-          torch)
+          torch | torch-fp16)
+            hook=(); [ "$cfg" = torch-fp16 ] && hook=(--comm-hook fp16)
             "$here/bench/torch_peer_on_cluster.sh" $name "$R" --layers "$L" --heads "$Hd" --embd "$C" --seq-len "$T" \
-              --batch-size "$batch" --steps "$steps" --warmup 2 | tail -n 1 >"$f.tmp" && mv "$f.tmp" "$f"
-            echo "  $link $topo $shape torch: $(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["tokens_per_s"]))' "$f") tokens/s" >&2
+              --batch-size "$batch" --steps "$steps" --warmup 2 "${hook[@]}" | tail -n 1 >"$f.tmp" && mv "$f.tmp" "$f"
+            echo "  $link $topo $shape $cfg: $(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["tokens_per_s"]))' "$f") tokens/s" >&2
             continue ;;
         esac
         # shellcheck disable=SC2086
