@@ -86,13 +86,14 @@ Profile measure_profile(const ModelConfig& model, const std::vector<int64_t>& mi
 struct MeasuredSteps {
   std::map<int64_t, double> ddp_ms;
   double zero3_ms = 0;
-  std::map<std::string, double> uniform_ms;  // zero1, zero2 at the largest micro-batch
+  std::map<std::string, double>
+      uniform_ms;  // zero1, zero2 (across hosts hsdp, hsdp2) at the largest micro-batch
 };
 // Calibration against real steps. (1) Op times measured in isolation run a little faster than inside a whole
 // step, and by how much depends on the micro-batch: each micro-batch's op times are scaled so that the
 // model's DDP step equals the measured one. (2) What a zero3 step costs beyond the model, per gather, is the
-// latency of a gather waited for among busy threads. (3) What a zero1 and a zero2 step cost beyond the model
-// is spread over the ops by their parameters (strategy_residual_ms).
+// latency of a gather waited for among busy threads. (3) What a zero1, a zero2 (across hosts an hsdp and an
+// hsdp2) step cost beyond the model is spread over the ops by their parameters (strategy_residual_ms).
 void calibrate_profile(Profile& p, const MeasuredSteps& steps);
 
 nlohmann::json profile_to_json(const Profile& p);
