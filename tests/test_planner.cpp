@@ -340,7 +340,11 @@ TEST(Planner, HybridShardingIsAChoiceAcrossHosts) {
       const CostModel m = CostModel::from_profile(dear, o);
       ASSERT_EQ(m.options().hosts(), 2);
       // A profile file keeps the hosts it was taken on: planned from it, hybrid sharding is offered too.
-      const Profile saved = profile_from_json(profile_to_json(dear), "profile");
+      // ... and, calibrated across hosts, what hybrid sharding's steps cost beyond the model.
+      Profile calibrated = dear;
+      calibrated.strategy_residual_ms = {{"zero2", 1.5}, {"hsdp", 2.5}, {"hsdp2", 3.5}};
+      const Profile saved = profile_from_json(profile_to_json(calibrated), "profile");
+      EXPECT_EQ(saved.strategy_residual_ms, calibrated.strategy_residual_ms);
       EXPECT_EQ(saved.hosts, 2);
       EXPECT_EQ(saved.ranks_per_host, 2);
       EXPECT_EQ(offered(CostModel::from_profile(saved, o)).count(Strategy::hsdp), 1u);

@@ -494,7 +494,7 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
     const auto& residual = j.at("strategy_residual_ms");
     if (!residual.is_object()) throw bad("strategy_residual_ms", "expected an object by strategy");
     for (const auto& [name, v] : residual.items()) {
-      if (name != "zero1" && name != "zero2")
+      if (name != "zero1" && name != "zero2" && name != "hsdp" && name != "hsdp2")  // those calibrated
         throw bad("strategy_residual_ms", "unknown strategy '" + name + "'");
       p.strategy_residual_ms[name] = json_number(v, what + ": strategy_residual_ms." + name, -1e9, 1e9);
     }
