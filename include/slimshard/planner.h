@@ -52,8 +52,7 @@ CostModel cost_model_for(const RunSpec& spec, const CostSource& source);
 // What the cost model predicts for the run: its own plan at its micro-batch, or (osdp) the search's result.
 SearchResult predicted_for(const CostModel& m, const RunSpec& spec);
 // The search's budget under a --mem-limit that this machine's allocator enforces: the limit less 2 %, the
-// error the peak estimate is held to. And the budget as an error message names it ("450 MiB (planned to
-// ...)").
+// error the peak estimate is held to; and how an error message names that budget.
 SearchOptions planning_options(int64_t mem_limit);
 std::string planned_budget(int64_t mem_limit);
 

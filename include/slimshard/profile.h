@@ -86,8 +86,8 @@ Profile measure_profile(const ModelConfig& model, const std::vector<int64_t>& mi
 struct MeasuredSteps {
   std::map<int64_t, double> ddp_ms;
   double zero3_ms = 0;
-  std::map<std::string, double>
-      uniform_ms;  // zero1, zero2 (across hosts hsdp, hsdp2) at the largest micro-batch
+  // zero1, zero2 (across hosts also hsdp, hsdp2) at the largest micro-batch
+  std::map<std::string, double> uniform_ms;
 };
 // Calibration against real steps. (1) Op times measured in isolation run a little faster than inside a whole
 // step, and by how much depends on the micro-batch: each micro-batch's op times are scaled so that the

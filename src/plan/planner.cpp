@@ -118,9 +118,8 @@ PlanReport plan_offline(RunSpec spec, const CostSource& source) {
   per_rank_batch(spec);  // the batch must divide over the world before memory is worth discussing
   const auto t0 = std::chrono::steady_clock::now();
   PlanReport report{spec, cost_model_for(spec, source), {}, {}, 0};
-  SearchOptions search;
-  search.mem_limit = spec.mem_limit;
-  if (source.cluster.empty()) search = planning_options(spec.mem_limit);
+  SearchOptions search = planning_options(spec.mem_limit);
+  if (!source.cluster.empty()) search.mem_limit = spec.mem_limit;  // simulated devices: their full memory
   report.result = search_plan(report.model, search);
   report.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report.baselines = baselines(report.model, search);

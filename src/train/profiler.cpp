@@ -67,7 +67,7 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
         time_uniform(model, Strategy::zero3, micro_batches.back(), comm, seed, o.repeats, o.precision);
     std::vector<Strategy> timed = {Strategy::zero1, Strategy::zero2};
     // Across hosts also hybrid sharding: its peers' all-reduces, timed alone, ran faster than inside a step
-    // (a plan of hsdp ops was predicted 18-20 % short on a 100 Mbit/s link, docs/cluster.md).
+    // (uncalibrated, uniform hsdp and hsdp2 were predicted 6-20 % short at 100 Mbit/s, docs/cluster.md).
     if (comm.topology().hosts > 1 && comm.topology().uniform)
       timed.insert(timed.end(), {Strategy::hsdp, Strategy::hsdp2});
     for (Strategy s : timed)
