@@ -52,9 +52,9 @@ CostModel cost_model_for(const RunSpec& spec, const CostSource& source);
 // What the cost model predicts for the run: its own plan at its micro-batch, or (osdp) the search's result.
 SearchResult predicted_for(const CostModel& m, const RunSpec& spec);
 // The search's budget under a --mem-limit that this machine's allocator enforces: the limit less 2 %, the
-// error the peak estimate is held to; and how an error message names that budget.
+// error the peak estimate is held to; and how an error message names the limit and what was planned to.
 SearchOptions planning_options(int64_t mem_limit);
-std::string planned_budget(int64_t mem_limit);
+std::string planned_budget(int64_t mem_limit, int64_t planned);
 
 // `slimshard plan`: the world size (given, or the profile's, or the cluster's devices) and budget (given, or
 // the cluster's memory) filled in, the search run, the uniform baselines beside it.
@@ -64,6 +64,7 @@ struct PlanReport {
   SearchResult result;
   std::vector<std::pair<std::string, SearchResult>> baselines;
   double search_s = 0;
+  int64_t planned_limit = 0;  // what the search planned to (planning_options, or a --cluster device's memory)
 };
 PlanReport plan_offline(RunSpec spec, const CostSource& source);
 

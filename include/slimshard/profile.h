@@ -76,6 +76,9 @@ struct ProfileOptions {
 // The micro-batches worth profiling for a per-rank batch of `local` rows: up to four of its divisors, the
 // largest and then halving, in increasing order (what `train --strategy osdp` and `bench` profile).
 std::vector<int64_t> profile_micro_batches(int64_t local);
+// The uniform strategies whose real steps calibrate strategy_residual_ms: zero1 and zero2, across hosts also
+// hsdp and hsdp2 (the profiler times them; a profile file may hold no others).
+std::vector<Strategy> residual_strategies(bool across_hosts);
 
 // Measures ops, collectives, overlap and the optimizer (not yet calibrated). Every rank of `comm` must call
 // it (collectives are timed); per-op times are rank 0's.

@@ -68,10 +68,8 @@ Runner add_plan(CLI::App& app) {
     const int64_t limit = rep.spec.mem_limit;
     if (!rep.result.fits) {
       print_plan(rep.model, rep.baselines.back().second, rep.baselines, limit, false);
-      throw UsageError(
-          "--mem-limit " +
-          (flags->cluster.empty() ? planned_budget(limit) : format_mib(static_cast<double>(limit)) + " MiB") +
-          ": " + rep.result.explanation);
+      throw UsageError("--mem-limit " + planned_budget(limit, rep.planned_limit) + ": " +
+                       rep.result.explanation);
     }
     std::printf("%s on %d ranks, global batch %lld, costs from %s; searched in %.3f s\n",
                 rep.model.model().describe().c_str(), rep.spec.world(), (long long)spec.cost.global_batch,

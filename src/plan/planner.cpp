@@ -90,9 +90,10 @@ SearchOptions planning_options(int64_t mem_limit) {
   return o;
 }
 
-std::string planned_budget(int64_t mem_limit) {
-  return format_mib(static_cast<double>(mem_limit)) + " MiB (planned to " +
-         format_mib(static_cast<double>(planning_options(mem_limit).mem_limit)) +
+std::string planned_budget(int64_t mem_limit, int64_t planned) {
+  const std::string limit = format_mib(static_cast<double>(mem_limit)) + " MiB";
+  if (planned == mem_limit) return limit;
+  return limit + " (planned to " + format_mib(static_cast<double>(planned)) +
          " MiB: 2 % kept for the estimate's error)";
 }
 
@@ -117,12 +118,13 @@ PlanReport plan_offline(RunSpec spec, const CostSource& source) {
   if (spec.cost.world == 0) spec.cost.world = 1;
   per_rank_batch(spec);  // the batch must divide over the world before memory is worth discussing
   const auto t0 = std::chrono::steady_clock::now();
-  PlanReport report{spec, cost_model_for(spec, source), {}, {}, 0};
+  PlanReport report{spec, cost_model_for(spec, source), {}, {}, 0, 0};
   SearchOptions search = planning_options(spec.mem_limit);
   if (!source.cluster.empty()) search.mem_limit = spec.mem_limit;  // simulated devices: their full memory
   report.result = search_plan(report.model, search);
   report.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report.baselines = baselines(report.model, search);
+  report.planned_limit = search.mem_limit;
   return report;
 }
 
@@ -139,7 +141,8 @@ std::string search_on_rank0(const RunSpec& spec, const Profile* measured, const 
   const SearchOptions search = planning_options(spec.mem_limit);
   const SearchResult r = search_plan(m, search);
   if (!r.fits)
-    throw UsageError("--strategy osdp --mem-limit " + planned_budget(spec.mem_limit) + ": " + r.explanation);
+    throw UsageError("--strategy osdp --mem-limit " + planned_budget(spec.mem_limit, search.mem_limit) +
+                     ": " + r.explanation);
   std::printf("osdp plan (costs from %s):\n", m.source().c_str());
   const auto base = baselines(m, search);
   print_plan(m, r, base, spec.mem_limit, table);

@@ -233,6 +233,11 @@ std::vector<OpProfile> unmeasured(const std::vector<OpShape>& shapes) {
   return out;
 }
 
+std::vector<Strategy> residual_strategies(bool across_hosts) {
+  if (!across_hosts) return {Strategy::zero1, Strategy::zero2};
+  return {Strategy::zero1, Strategy::zero2, Strategy::hsdp, Strategy::hsdp2};
+}
+
 std::vector<int64_t> profile_micro_batches(int64_t local) {
   std::vector<int64_t> micro;
   for (int64_t b = local; b >= 1 && micro.size() < 4; b /= 2)
@@ -493,8 +498,10 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
         json_number(j.at("optimizer_ns_per_element"), what + ": optimizer_ns_per_element", 0, 1e9);
     const auto& residual = j.at("strategy_residual_ms");
     if (!residual.is_object()) throw bad("strategy_residual_ms", "expected an object by strategy");
+    const std::vector<Strategy> calibrated = residual_strategies(true);
     for (const auto& [name, v] : residual.items()) {
-      if (name != "zero1" && name != "zero2" && name != "hsdp" && name != "hsdp2")  // those calibrated
+      if (std::none_of(calibrated.begin(), calibrated.end(),
+                       [&](Strategy s) { return name == strategy_name(s); }))
         throw bad("strategy_residual_ms", "unknown strategy '" + name + "'");
       p.strategy_residual_ms[name] = json_number(v, what + ": strategy_residual_ms." + name, -1e9, 1e9);
     }

@@ -65,12 +65,9 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
   if (comm.world() > 1) {
     steps.zero3_ms =
         time_uniform(model, Strategy::zero3, micro_batches.back(), comm, seed, o.repeats, o.precision);
-    std::vector<Strategy> timed = {Strategy::zero1, Strategy::zero2};
     // Across hosts also hybrid sharding: its peers' all-reduces, timed alone, ran faster than inside a step
     // (uncalibrated, uniform hsdp and hsdp2 were predicted 6-20 % short at 100 Mbit/s, docs/cluster.md).
-    if (comm.topology().hosts > 1 && comm.topology().uniform)
-      timed.insert(timed.end(), {Strategy::hsdp, Strategy::hsdp2});
-    for (Strategy s : timed)
+    for (Strategy s : residual_strategies(comm.topology().hosts > 1 && comm.topology().uniform))
       steps.uniform_ms[strategy_name(s)] =
           time_uniform(model, s, micro_batches.back(), comm, seed, o.repeats, o.precision);
   }
