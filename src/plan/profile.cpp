@@ -499,7 +499,9 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
     const auto& residual = j.at("strategy_residual_ms");
     if (!residual.is_object()) throw bad("strategy_residual_ms", "expected an object by strategy");
     const std::vector<Strategy> calibrated = residual_strategies(true);
-    for (const auto& [name, v] : residual.items()) {
+    for (const auto& item : residual.items()) {
+      const std::string name = item.key();  // a named copy: lambdas may not capture a structured binding
+      const auto& v = item.value();
       if (std::none_of(calibrated.begin(), calibrated.end(),
                        [&](Strategy s) { return name == strategy_name(s); }))
         throw bad("strategy_residual_ms", "unknown strategy '" + name + "'");
