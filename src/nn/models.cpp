@@ -149,18 +149,22 @@ class GptBlock final : public Block {
 
   at::Tensor forward(const at::Tensor& x_in) override {
     const int64_t B = x_in.size(0), T = x_in.size(1), D = C_ / H_;
-    const at::Tensor mask = causal_mask_.slice(0, 0, T).slice(1, 0, T);
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     auto qkv = (*qkv_)((*ln1_)(x_in)).split(C_, 2);
     at::Tensor q = qkv[0].view({B, T, H_, D}).transpose(1, 2);
     at::Tensor k = qkv[1].view({B, T, H_, D}).transpose(1, 2);
     at::Tensor v = qkv[2].view({B, T, H_, D}).transpose(1, 2);
-    // Scaled and masked in place: the product's backward needs q and k, not its output. In bf16 the scores
-    // and the softmax's output are bf16; LibTorch's softmax computes in fp32 inside (its output equals the
-    // fp32 softmax's rounded to bf16, bit for bit: docs/precision.md).
-    at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
-    att.masked_fill_(mask, -std::numeric_limits<float>::infinity());
-    att = att.softmax(-1);
+    // scale · q kᵀ + (0 or −inf above the diagonal) in one batched GEMM: no pass over the scores to scale or
+    // mask them, and none in backward (softmax's gradient is 0 where its output is). In bf16 the scores and
+    // the softmax's output are bf16; LibTorch's softmax computes in fp32 inside (its output equals the fp32
+    // softmax's rounded to bf16, bit for bit: docs/precision.md).
+    const at::Tensor mask = at::zeros({T, T}, q.options().requires_grad(false))
+                                .masked_fill_(causal_mask_.slice(0, 0, T).slice(1, 0, T),
+                                              -std::numeric_limits<float>::infinity());
+    at::Tensor att = at::baddbmm(mask, q.reshape({B * H_, T, D}), k.reshape({B * H_, T, D}).transpose(1, 2),
+                                 /*beta=*/1.0, /*alpha=*/scale)
+                         .softmax(-1)
+                         .view({B, H_, T, T});
     at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C_});
     at::Tensor x = x_in + (*attn_proj_)(y);
     return x + (*mlp_proj_)(at::gelu((*fc_)((*ln2_)(x))));
