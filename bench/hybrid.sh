@@ -6,7 +6,8 @@
 # they fit; plan files), osdp without hybrid sharding and osdp with it, each planned from one profile taken on
 # the cluster; predicted step time and peak beside the measured ones, bytes between hosts per step.
 # PROFILE=file plans from a profile taken before on the same cluster and link (taking one: ~15 min at 100mbit).
-# Needs root. Writes OUT/hybrid.txt and OUT/hybrid.json.
+# Needs root. Writes OUT/hybrid.txt, OUT/hybrid.json (with each osdp run's plan) and, when it profiles,
+# OUT/profile.json (PROFILE=OUT/profile.json plans from it again).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${BIN:-$here/build/slimshard}
@@ -27,9 +28,11 @@ for s in zero2 hsdp hsdp2; do
   entries="$entries,$out/$s-mb2.json"
 done
 entries="$entries,osdp-nohybrid,osdp"
+keep=(--save-profile "$out/profile.json")  # the profile bench takes, unless one is given
+[ -z "${PROFILE:-}" ] || keep=()
 echo "machine: $(nproc --all) cores; $(date -u +%F); $hosts hosts x $ranks ranks, link $link, $model, batch $batch, limit $limit" |
   tee "$out/hybrid.txt"
 # shellcheck disable=SC2086
 "$bin" bench -n $((hosts * ranks)) --mpirun "mpirun $flags --allow-run-as-root --oversubscribe" --strategies "$entries" \
   --model "$model" --data kjv --batch-size "$batch" --steps "$steps" --mem-limit "$limit" --json "$out/hybrid.json" \
-  ${PROFILE:+--profile "$PROFILE"} ${BENCH_ARGS:-} | tee -a "$out/hybrid.txt"
+  ${PROFILE:+--profile "$PROFILE"} "${keep[@]}" ${BENCH_ARGS:-} | tee -a "$out/hybrid.txt"

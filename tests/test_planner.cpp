@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <random>
 #include <regex>
 #include <set>
@@ -559,6 +560,45 @@ TEST(Planner, TrainOsdpFitsABudgetThatStopsDdp) {
                         "--mem-limit 8MiB");
   EXPECT_EQ(none.code, 2) << none.output;
   EXPECT_NE(none.output.find("nothing fits"), std::string::npos) << none.output;
+}
+
+// `slimshard bench` keeps what its osdp runs came from: the profile it took (--save-profile) and the plan
+// each trained (osdp_plan in --json). Oracle: `slimshard plan` from the kept profile under the same budget
+// finds the plan the bench's osdp run trained.
+TEST(Planner, BenchKeepsItsProfileAndTheTrainedPlan) {
+  const std::string dir = test::scratch_dir();
+  // A budget between zero3's peak (4.3 MiB) and ddp's (5.2): a mixed plan.
+  const std::string model = "--model gpt-tiny --batch-size 8 ", budget = "--mem-limit 4.8MiB ";
+  auto b = test::run(test::mpi_env() + test::bin() + " bench -n 2 --strategies zero3,osdp " + model + budget +
+                     "--data kjv --steps 3 --eval-rows 4 --save-profile " + dir + "/p.json --json " + dir +
+                     "/b.json");
+  ASSERT_EQ(b.code, 0) << b.output;
+  const auto rows = nlohmann::json::parse(read_file(dir + "/b.json", "test"))["results"];
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_FALSE(rows[0].contains("osdp_plan"));
+  ASSERT_TRUE(rows[1].contains("osdp_plan")) << rows.dump();
+  const nlohmann::json trained = rows[1]["osdp_plan"];
+  auto p = test::run(test::bin() + " plan " + model + budget + "--profile " + dir + "/p.json --out " + dir +
+                     "/plan.json");
+  ASSERT_EQ(p.code, 0) << p.output;
+  const auto planned = nlohmann::json::parse(read_file(dir + "/plan.json", "test"));
+  EXPECT_EQ(trained["ops"], planned["ops"]);
+  EXPECT_EQ(trained["micro_batch"], planned["micro_batch"]);
+  // The table's line under it counts the plan's ops by strategy.
+  std::map<std::string, int> count;
+  for (const auto& e : trained["ops"]) ++count[e["strategy"].get<std::string>()];
+  const std::string line =
+      "osdp trained micro-batch " + std::to_string(trained["micro_batch"].get<int>()) + ":";
+  const size_t at = b.output.find(line);
+  ASSERT_NE(at, std::string::npos) << b.output;
+  const std::string printed = b.output.substr(at, b.output.find('\n', at) - at);
+  for (const auto& [strategy, n] : count)
+    EXPECT_NE(printed.find(" " + std::to_string(n) + " " + strategy), std::string::npos) << printed;
+  // A profile given is not taken again, so there is none to keep.
+  auto both = test::run(test::bin() + " bench -n 2 --data kjv " + model + "--profile " + dir +
+                        "/p.json --save-profile " + dir + "/q.json");
+  EXPECT_EQ(both.code, 2) << both.output;
+  EXPECT_NE(test::last_line(both.output).find("--save-profile"), std::string::npos) << both.output;
 }
 
 // The search against the simulation's own best plan (every combination, every micro-batch) on 8 draws of the

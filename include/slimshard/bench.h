@@ -20,6 +20,7 @@ struct BenchOptions {
   std::string launcher;                 // e.g. "mpirun --oversubscribe"; "-n N" is added
   std::string self;                     // the slimshard executable
   std::string profile;                  // predict from this profile (else one is taken first)
+  std::string save_profile;             // the profile taken first, kept here (to plan from it again)
   // Every entry this many times, round-robin (a slow moment of the machine hits one run of each, not all runs
   // of one): medians reported.
   int repeat = 1;
@@ -28,7 +29,8 @@ struct BenchOptions {
 // Checks the entries (an unknown strategy is a usage error naming --strategies).
 void check_bench_entries(const std::vector<std::string>& entries);
 // Runs every entry; one JSON object per entry: strategy, estimated/predicted figures, and the measured ones
-// (tokens_per_s, step_ms, peak_bytes, comm_bytes_per_step) or oom/error/exit_code.
+// (tokens_per_s, step_ms, peak_bytes, comm_bytes_per_step) or oom/error/exit_code; an osdp entry also the
+// plan its (first) run trained, as a plan file holds it (osdp_plan).
 nlohmann::json run_bench(const BenchOptions& o);
 void print_bench(const nlohmann::json& results);
 

@@ -52,7 +52,7 @@ Runner add_bench(CLI::App& app) {
   struct Flags {
     TrainFlags t;
     int ranks = 2;
-    std::string strategies = "ddp,zero1,zero2,zero3", json, mpirun;
+    std::string strategies = "ddp,zero1,zero2,zero3", json, mpirun, save_profile;
     int repeat = 1;
   };
   auto flags = std::make_shared<Flags>();
@@ -74,6 +74,9 @@ Runner add_bench(CLI::App& app) {
                   "comma-separated strategies (osdp, osdp-nohybrid, osdp-norecompute too) and plan files")
       ->capture_default_str();
   sub->add_option("--json", flags->json, "write the results as JSON");
+  sub->add_option(
+      "--save-profile", flags->save_profile,
+      "keep the profile bench takes (when no --profile is given) in this file, to plan from again");
   sub->add_option("--repeat", flags->repeat, "run every entry this many times, round-robin; report medians")
       ->capture_default_str()
       ->check(integer(1, 100));
@@ -81,15 +84,20 @@ Runner add_bench(CLI::App& app) {
                   "launcher prefix (default: mpirun --oversubscribe [--allow-run-as-root])");
   return [flags]() {
     if (!flags->json.empty()) check_output_file(flags->json, "--json");
+    if (!flags->save_profile.empty()) {
+      if (!flags->t.train.profile.empty())
+        throw UsageError("--save-profile: bench takes no profile when --profile is given");
+      check_output_file(flags->save_profile, "--save-profile");
+    }
     BenchOptions bench;
     bench.base = run_spec(train_options(flags->t), flags->ranks);
     bench.entries = split_list(flags->strategies);
     check_bench_entries(bench.entries);
     // Bench's own flags and the ones each run sets itself are not forwarded.
-    bench.train_args =
-        flags_among({"-n", "--ranks", "--strategies", "--json", "--mpirun", "--strategy", "--plan",
-                     "--metrics", "--save-model", "--sample-tokens", "--profile", "--repeat", "--recompute"},
-                    false);
+    bench.train_args = flags_among(
+        {"-n", "--ranks", "--strategies", "--json", "--mpirun", "--strategy", "--plan", "--metrics",
+         "--save-model", "--sample-tokens", "--profile", "--repeat", "--recompute", "--save-profile"},
+        false);
     if (!has_flag(bench.train_args, "--steps"))
       bench.train_args.push_back("--steps=" + std::to_string(flags->t.train.steps));
     if (!has_flag(bench.train_args, "--eval-rows")) bench.train_args.push_back("--eval-rows=8");
@@ -104,6 +112,7 @@ Runner add_bench(CLI::App& app) {
                                             : std::string("mpirun --oversubscribe") +
                                                   (::geteuid() == 0 ? " --allow-run-as-root" : "");
     bench.profile = flags->t.train.profile;
+    bench.save_profile = flags->save_profile;
     bench.repeat = flags->repeat;
     std::fprintf(stderr, "bench: %s, %d ranks, global batch %lld, %lld steps per run (median after 2)\n",
                  bench.base.model.describe().c_str(), flags->ranks, (long long)bench.base.cost.global_batch,

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -31,9 +32,7 @@ std::string joined(const std::vector<std::string>& args) {
 bool is_plan_file(const std::string& e) { return e.size() >= 5 && e.substr(e.size() - 5) == ".json"; }
 // "osdp" plans with every choice; "osdp-nohybrid" without hybrid sharding (hsdp, hsdp2), "osdp-norecompute"
 // without activation recomputation, to show what each adds.
-bool is_osdp(const std::string& e) {
-  return e == "osdp" || e == "osdp-nohybrid" || e == "osdp-norecompute";
-}
+bool is_osdp(const std::string& e) { return e == "osdp" || e == "osdp-nohybrid" || e == "osdp-norecompute"; }
 
 struct RunResult {
   int code = -1;
@@ -78,6 +77,7 @@ std::string profile_for(const BenchOptions& o, const std::string& dir) {
                                        " --out " + shell_quote(path),
                                    dir + "/profile.log");
   if (pr.code != 0) throw RuntimeError("bench: profiling failed: " + last_error_line(pr.output));
+  if (!o.save_profile.empty()) write_file_atomic(o.save_profile, read_file(path, "bench: the profile"));
   return path;
 }
 
@@ -93,9 +93,9 @@ nlohmann::json bench_entry(const BenchOptions& o, const RunSpec& base, const Pro
   const SearchResult predicted = predicted_for(CostModel::from_profile(measured, spec.cost), spec);
   const int64_t estimate = is_osdp(e) ? predicted.cost.peak_bytes : estimate_for(spec, &probe).peak.peak;
   std::string what = is_plan_file(e) ? " --plan " + shell_quote(e)
-                           : is_osdp(e)    ? " --strategy osdp --profile " + shell_quote(profile) +
-                                              (spec.cost.allow_hybrid ? "" : " --no-hybrid")
-                                        : " --strategy " + e;
+                     : is_osdp(e)    ? " --strategy osdp --profile " + shell_quote(profile) +
+                                        (spec.cost.allow_hybrid ? "" : " --no-hybrid")
+                                  : " --strategy " + e;
   what += std::string(" --recompute ") + recompute_name(spec.cost.recompute);
   const std::string metrics = run_prefix + ".jsonl";
   std::fprintf(stderr, "bench: %s ...\n", e.c_str());
@@ -116,6 +116,7 @@ nlohmann::json bench_entry(const BenchOptions& o, const RunSpec& base, const Pro
     row["comm_bytes_inter_per_step"] = s.value("comm_bytes_inter_per_step", int64_t{0});
     if (s.contains("osdp")) {  // osdp: the predictions of the plan the run trained (--tune-steps may swap it)
       row["osdp_choice"] = s["osdp"]["choice"];
+      row["osdp_plan"] = s["osdp"]["plan"];
       row["predicted_step_ms"] = s["osdp"]["predicted_step_ms"];
       row["predicted_peak_bytes"] = s["osdp"]["predicted_peak_bytes"];
     }
@@ -160,6 +161,28 @@ nlohmann::json merged(const std::vector<nlohmann::json>& runs) {
     row["runs_osdp_choice"] = choices;
   }
   return row;
+}
+
+// What a plan file holds, in one line: "micro-batch 2: 14 zero3, 8 ddp, 2 hsdp; 3 split; 8 recompute".
+std::string plan_mix(const nlohmann::json& plan) {
+  std::vector<std::pair<std::string, int>> counts;  // most first; ties in order of first appearance
+  int split = 0, recompute = 0;
+  for (const auto& e : plan.at("ops")) {
+    const std::string s = e.value("strategy", std::string("ddp"));
+    auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == s; });
+    if (it == counts.end()) counts.emplace_back(s, 0), it = counts.end() - 1;
+    ++it->second;
+    split += e.value("splits", 1) > 1;
+    recompute += e.value("recompute", false);
+  }
+  std::stable_sort(counts.begin(), counts.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string out = "micro-batch " + std::to_string(plan.value("micro_batch", 1)) + ":";
+  for (size_t i = 0; i < counts.size(); ++i)
+    out += (i ? ", " : " ") + std::to_string(counts[i].second) + " " + counts[i].first;
+  if (split) out += "; " + std::to_string(split) + " split";
+  if (recompute) out += "; " + std::to_string(recompute) + " recompute";
+  return out;
 }
 
 }  // namespace
@@ -217,6 +240,10 @@ void print_bench(const nlohmann::json& results) {
                   row["error"].get<std::string>().c_str());
     }
   }
+  for (const auto& row : results)  // what each osdp run trained, op by op (the plan itself: --json)
+    if (row.contains("osdp_plan"))
+      std::printf("%s trained %s\n", row["strategy"].get<std::string>().c_str(),
+                  plan_mix(row["osdp_plan"]).c_str());
   std::printf(
       "step ms, peak MiB: measured. predicted: the OSDP cost model (from the profile). estimate: "
       "`slimshard memory`.%s\n",
