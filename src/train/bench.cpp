@@ -71,13 +71,14 @@ std::string profile_for(const BenchOptions& o, const std::string& dir) {
   std::string micro;
   for (int64_t b : profile_micro_batches(per_rank_batch(o.base)))
     micro += (micro.empty() ? "" : ",") + std::to_string(b);
-  const std::string path = dir + "/profile.json";
+  // --save-profile: the profile run writes it there itself (atomically, as every profile), read from there.
+  const std::string path =
+      o.save_profile.empty() ? dir + "/profile.json" : std::filesystem::absolute(o.save_profile).string();
   std::fprintf(stderr, "bench: profiling (micro-batches %s) ...\n", micro.c_str());
   const RunResult pr = run_command(launch(o) + " profile" + joined(o.model_args) + " --micro-batch " + micro +
                                        " --out " + shell_quote(path),
                                    dir + "/profile.log");
   if (pr.code != 0) throw RuntimeError("bench: profiling failed: " + last_error_line(pr.output));
-  if (!o.save_profile.empty()) write_file_atomic(o.save_profile, read_file(path, "bench: the profile"));
   return path;
 }
 
