@@ -201,6 +201,39 @@ TEST(Planner, SearchEqualsBruteForce) {
 // Slim-DP as a plan choice (plan --allow-slim): offered only when allowed, never split; its cost is one
 // all-reduce of the selected fraction of the op's elements in the wire's bytes per τ steps, its optimizer the
 // whole op's as DDP's; the search stays exact with it; and where all-reduces are dear, it is chosen.
+// Calibration makes the model's uniform plans take the steps measured for them at the largest micro-batch:
+// ddp (op times scaled), zero3 (its gathers' latency, then what the model's overlap hides of it as a residual),
+// zero1 and zero2 (residuals). The oracle is the measurement itself, from the model's own prediction offset.
+TEST(Planner, CalibrationReproducesEveryMeasuredUniformStep) {
+  for (const char* name : {"gpt-tiny", "mlp"})
+    for (unsigned seed = 1; seed <= 3; ++seed) {
+      Profile p = synthetic_profile(ModelConfig::preset_config(name), 2, seed);
+      p.collective_overhead_ms = 0;
+      const int64_t top = p.micro_batches.back();
+      CostOptions o;
+      o.world = 2, o.global_batch = 2 * top;
+      auto step = [&](const Profile& q, Strategy s) {
+        std::map<std::string, OpChoice> choices;
+        for (const OpProfile& op : q.ops) choices[op.name] = OpChoice{s, 1};
+        return CostModel::from_profile(q, o).evaluate(choices, top).step_ms;
+      };
+      MeasuredSteps real;
+      real.ddp_ms[top] = 1.1 * step(p, Strategy::ddp);
+      real.zero3_ms = 1.4 * step(p, Strategy::zero3);
+      real.uniform_ms["zero1"] = 0.9 * step(p, Strategy::zero1);
+      real.uniform_ms["zero2"] = 1.2 * step(p, Strategy::zero2);
+      calibrate_profile(p, real);
+      const std::string what = std::string(name) + " seed " + std::to_string(seed);
+      EXPECT_NEAR(step(p, Strategy::ddp), real.ddp_ms[top], 1e-6 * real.ddp_ms[top]) << what;
+      EXPECT_NEAR(step(p, Strategy::zero3), real.zero3_ms, 1e-6 * real.zero3_ms) << what;
+      for (const auto& [s, ms] : real.uniform_ms)
+        EXPECT_NEAR(step(p, parse_strategy(s, "test")), ms, 1e-6 * ms) << what << " " << s;
+      // What a profile file keeps plans the same.
+      const Profile saved = profile_from_json(profile_to_json(p), "profile");
+      EXPECT_EQ(saved.strategy_residual_ms, p.strategy_residual_ms) << what;
+    }
+}
+
 TEST(Planner, SlimIsAChoiceOnlyWhenAllowedAndCostsItsWireBytes) {
   const ModelConfig mlp = ModelConfig::preset_config("mlp");
   Profile prof = synthetic_profile(mlp, 2, 4);
@@ -343,7 +376,7 @@ TEST(Planner, HybridShardingIsAChoiceAcrossHosts) {
       // A profile file keeps the hosts it was taken on: planned from it, hybrid sharding is offered too.
       // ... and, calibrated across hosts, what hybrid sharding's steps cost beyond the model.
       Profile calibrated = dear;
-      calibrated.strategy_residual_ms = {{"zero2", 1.5}, {"hsdp", 2.5}, {"hsdp2", 3.5}};
+      calibrated.strategy_residual_ms = {{"zero2", 1.5}, {"zero3", 2}, {"hsdp", 2.5}, {"hsdp2", 3.5}};
       const Profile saved = profile_from_json(profile_to_json(calibrated), "profile");
       EXPECT_EQ(saved.strategy_residual_ms, calibrated.strategy_residual_ms);
       EXPECT_EQ(saved.hosts, 2);

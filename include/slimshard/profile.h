@@ -59,8 +59,8 @@ struct Profile {
   std::map<std::string, CollectiveFit> collectives;
   double overlap_slowdown = 1;        // compute time while communication runs / compute time alone
   double collective_overhead_ms = 0;  // latency of a zero3 gather waited for among busy threads (fitted)
-  // What a real zero1 / zero2 step took beyond the model's prediction (largest micro-batch), spread over the
-  // ops by their parameters: the cost model's uniform plans then take the time measured.
+  // What a real zero1 / zero2 / zero3 step took beyond the model's prediction (largest micro-batch), spread
+  // over the ops by their parameters: the cost model's uniform plans then take the time measured.
   std::map<std::string, double> strategy_residual_ms;
   nlohmann::json measured_steps;  // the real steps that latency was fitted to
   double optimizer_ns_per_element = 0;
@@ -77,7 +77,7 @@ struct ProfileOptions {
 // largest and then halving, in increasing order (what `train --strategy osdp` and `bench` profile).
 std::vector<int64_t> profile_micro_batches(int64_t local);
 // The uniform strategies whose real steps calibrate strategy_residual_ms: zero1 and zero2, across hosts also
-// hsdp and hsdp2 (the profiler times them; a profile file may hold no others).
+// hsdp and hsdp2 (the profiler times them beside ddp and zero3; a profile file may hold no others but zero3).
 std::vector<Strategy> residual_strategies(bool across_hosts);
 
 // Measures ops, collectives, overlap and the optimizer (not yet calibrated). Every rank of `comm` must call
@@ -95,8 +95,9 @@ struct MeasuredSteps {
 // Calibration against real steps. (1) Op times measured in isolation run a little faster than inside a whole
 // step, and by how much depends on the micro-batch: each micro-batch's op times are scaled so that the
 // model's DDP step equals the measured one. (2) What a zero3 step costs beyond the model, per gather, is the
-// latency of a gather waited for among busy threads. (3) What a zero1, a zero2 (across hosts an hsdp and an
-// hsdp2) step cost beyond the model is spread over the ops by their parameters (strategy_residual_ms).
+// latency of a gather waited for among busy threads. (3) What a zero1, a zero2, a zero3 (across hosts an hsdp
+// and an hsdp2) step cost beyond the model is spread over the ops by their parameters (strategy_residual_ms):
+// for zero3 what (2) leaves, since the model hides most of that latency under compute.
 void calibrate_profile(Profile& p, const MeasuredSteps& steps);
 
 nlohmann::json profile_to_json(const Profile& p);

@@ -279,10 +279,15 @@ Profile measure_profile(const ModelConfig& model, const std::vector<int64_t>& mi
 void calibrate_profile(Profile& p, const MeasuredSteps& steps) {
   nlohmann::json record = nlohmann::json::object();
   for (const auto& [b, ddp_ms] : steps.ddp_ms) {
-    const double scale = ddp_ms / uniform_step_ms(p, Strategy::ddp, b);
-    if (scale > 0 && std::isfinite(scale)) {
-      for (OpProfile& op : p.ops) op.fwd_ms[b] *= scale, op.bwd_ms[b] *= scale;
-      p.loss_fwd_ms[b] *= scale, p.loss_bwd_ms[b] *= scale;
+    // The optimizer and exposed communication are not scaled, so rounds bring the step onto the measured one
+    // (each leaves about their share of the gap before it).
+    double scale = 1;
+    for (int round = 0; round < 30; ++round) {
+      const double r = ddp_ms / uniform_step_ms(p, Strategy::ddp, b);
+      if (!(r > 0) || !std::isfinite(r) || std::abs(r - 1) < 1e-12) break;
+      for (OpProfile& op : p.ops) op.fwd_ms[b] *= r, op.bwd_ms[b] *= r;
+      p.loss_fwd_ms[b] *= r, p.loss_bwd_ms[b] *= r;
+      scale *= r;
     }
     record[std::to_string(b)] = {{"ddp_ms", ddp_ms}, {"compute_scale", scale}};
   }
@@ -295,6 +300,13 @@ void calibrate_profile(Profile& p, const MeasuredSteps& steps) {
     record[std::to_string(b)]["zero3_ms"] = steps.zero3_ms;
   }
   p.strategy_residual_ms.clear();
+  // The latency above is charged per gather and mostly hidden under the op's compute (cost_model.cpp,
+  // overlap), so the model's zero3 step falls short of the measured one by most of what it was fitted to
+  // (w4-deep: 659 predicted vs 717 ms measured): the rest is zero3's residual, as for the others below.
+  if (p.world > 1 && steps.zero3_ms > 0) {
+    const int64_t b = p.micro_batches.back();
+    p.strategy_residual_ms["zero3"] = steps.zero3_ms - uniform_step_ms(p, Strategy::zero3, b);
+  }
   for (const auto& [name, ms] : steps.uniform_ms) {
     const int64_t b = p.micro_batches.back();
     p.strategy_residual_ms[name] = ms - uniform_step_ms(p, parse_strategy(name, "calibration"), b);
@@ -498,7 +510,8 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
         json_number(j.at("optimizer_ns_per_element"), what + ": optimizer_ns_per_element", 0, 1e9);
     const auto& residual = j.at("strategy_residual_ms");
     if (!residual.is_object()) throw bad("strategy_residual_ms", "expected an object by strategy");
-    const std::vector<Strategy> calibrated = residual_strategies(true);
+    std::vector<Strategy> calibrated = residual_strategies(true);
+    calibrated.push_back(Strategy::zero3);
     for (const auto& item : residual.items()) {
       const std::string name = item.key();  // a named copy: lambdas may not capture a structured binding
       const auto& v = item.value();
