@@ -202,8 +202,9 @@ TEST(Planner, SearchEqualsBruteForce) {
 // all-reduce of the selected fraction of the op's elements in the wire's bytes per τ steps, its optimizer the
 // whole op's as DDP's; the search stays exact with it; and where all-reduces are dear, it is chosen.
 // Calibration makes the model's uniform plans take the steps measured for them at the largest micro-batch:
-// ddp (op times scaled), zero3 (its gathers' latency, then what the model's overlap hides of it as a residual),
-// zero1 and zero2 (residuals). The oracle is the measurement itself, from the model's own prediction offset.
+// ddp (op times scaled), zero3 (its gathers' latency, then what the model's overlap hides of it as a
+// residual), zero1 and zero2 (residuals). The oracle is the measurement itself, from the model's own
+// prediction offset.
 TEST(Planner, CalibrationReproducesEveryMeasuredUniformStep) {
   for (const char* name : {"gpt-tiny", "mlp"})
     for (unsigned seed = 1; seed <= 3; ++seed) {
