@@ -145,6 +145,11 @@ TEST(Sharding, EstimateHoldsOnWideShallowAndDeepNarrowShapes) {
 // Mixed plans where a fused group of small gradients (fc2's, at most --fuse-kib) meets a neighbour of another
 // strategy: the moment of packing (the gradients beside the packed buffers) and the gathered weight's release
 // are what the estimate has to see. The MLP's estimate is exact to a few KiB here; within 2 % either way.
+// One moment is timing-dependent: when fc2 is zero3, its gathered weight and full gradient are still held at
+// fc1's backward (the estimate's moment) only if the comm thread has not yet reduce-scattered that gradient;
+// when it has, the peak is lower by up to those two tensors (zero2 · zero3 · zero1 measured 4,035,476 or
+// 3,562,388 B run to run, 2026-12-06; estimated 4,057,060). The estimate takes the later, and may be above
+// the measured peak by that much more, never below it.
 TEST(Sharding, EstimateHoldsOnMixedPlansAroundAFusedGroup) {
   const std::string dir = test::scratch_dir();
   for (const auto& [fc1, fc2, fc3] : std::vector<std::array<std::string, 3>>{
@@ -155,7 +160,10 @@ TEST(Sharding, EstimateHoldsOnMixedPlansAroundAFusedGroup) {
     const Result r = train(2, args + " --data fashion-mnist --steps 3 --eval-rows 64", dir, tag);
     ASSERT_EQ(r.code, 0) << r.output;
     const double measured = r.summary["peak_bytes"].get<double>();
-    EXPECT_NEAR(test::estimated_peak(args, 2, dir, tag), measured, 0.02 * measured) << tag;
+    const double estimate = test::estimated_peak(args, 2, dir, tag);
+    const double fc2_bytes = (256.0 * 256 + 256) * 4, in_flight = fc2 == "zero3" ? 2 * fc2_bytes : 0;
+    EXPECT_GE(estimate, 0.98 * measured) << tag;
+    EXPECT_LE(estimate, 1.02 * measured + in_flight) << tag;
   }
 }
 
