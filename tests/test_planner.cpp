@@ -198,9 +198,6 @@ TEST(Planner, SearchEqualsBruteForce) {
   EXPECT_LT(fitted, 42);
 }
 
-// Slim-DP as a plan choice (plan --allow-slim): offered only when allowed, never split; its cost is one
-// all-reduce of the selected fraction of the op's elements in the wire's bytes per τ steps, its optimizer the
-// whole op's as DDP's; the search stays exact with it; and where all-reduces are dear, it is chosen.
 // Calibration makes the model's uniform plans take the steps measured for them at the largest micro-batch:
 // ddp (op times scaled), zero3 (its gathers' latency, then what the model's overlap hides of it as a
 // residual), zero1 and zero2 (residuals). The oracle is the measurement itself, from the model's own
@@ -235,6 +232,9 @@ TEST(Planner, CalibrationReproducesEveryMeasuredUniformStep) {
     }
 }
 
+// Slim-DP as a plan choice (plan --allow-slim): offered only when allowed, never split; its cost is one
+// all-reduce of the selected fraction of the op's elements in the wire's bytes per τ steps, its optimizer the
+// whole op's as DDP's; the search stays exact with it; and where all-reduces are dear, it is chosen.
 TEST(Planner, SlimIsAChoiceOnlyWhenAllowedAndCostsItsWireBytes) {
   const ModelConfig mlp = ModelConfig::preset_config("mlp");
   Profile prof = synthetic_profile(mlp, 2, 4);
