@@ -198,38 +198,62 @@ TEST(Planner, SearchEqualsBruteForce) {
   EXPECT_LT(fitted, 42);
 }
 
-// Calibration makes the model's uniform plans take the steps measured for them at the largest micro-batch:
-// ddp (op times scaled), zero3 (its gathers' latency, then what the model's overlap hides of it as a
-// residual), zero1 and zero2 (residuals). The oracle is the measurement itself, from the model's own
-// prediction offset.
+// Calibration makes the model's uniform plans take the steps measured for them: ddp (op times scaled, at
+// every micro-batch), zero3 (its gathers' latency, then what the model's overlap hides of it as a residual),
+// zero1 and zero2 (residuals) at the largest micro-batch; across hosts also hsdp and hsdp2, and every
+// residual at every micro-batch. The oracle is the measurement itself, from the model's own prediction offset
+// by a factor that differs by micro-batch (as across hosts, where how much of the slow link hides under
+// compute does).
 TEST(Planner, CalibrationReproducesEveryMeasuredUniformStep) {
   for (const char* name : {"gpt-tiny", "mlp"})
-    for (unsigned seed = 1; seed <= 3; ++seed) {
-      Profile p = synthetic_profile(ModelConfig::preset_config(name), 2, seed);
-      p.collective_overhead_ms = 0;
-      const int64_t top = p.micro_batches.back();
-      CostOptions o;
-      o.world = 2, o.global_batch = 2 * top;
-      auto step = [&](const Profile& q, Strategy s) {
-        std::map<std::string, OpChoice> choices;
-        for (const OpProfile& op : q.ops) choices[op.name] = OpChoice{s, 1};
-        return CostModel::from_profile(q, o).evaluate(choices, top).step_ms;
-      };
-      MeasuredSteps real;
-      real.ddp_ms[top] = 1.1 * step(p, Strategy::ddp);
-      real.zero3_ms = 1.4 * step(p, Strategy::zero3);
-      real.uniform_ms["zero1"] = 0.9 * step(p, Strategy::zero1);
-      real.uniform_ms["zero2"] = 1.2 * step(p, Strategy::zero2);
-      calibrate_profile(p, real);
-      const std::string what = std::string(name) + " seed " + std::to_string(seed);
-      EXPECT_NEAR(step(p, Strategy::ddp), real.ddp_ms[top], 1e-6 * real.ddp_ms[top]) << what;
-      EXPECT_NEAR(step(p, Strategy::zero3), real.zero3_ms, 1e-6 * real.zero3_ms) << what;
-      for (const auto& [s, ms] : real.uniform_ms)
-        EXPECT_NEAR(step(p, parse_strategy(s, "test")), ms, 1e-6 * ms) << what << " " << s;
-      // What a profile file keeps plans the same.
-      const Profile saved = profile_from_json(profile_to_json(p), "profile");
-      EXPECT_EQ(saved.strategy_residual_ms, p.strategy_residual_ms) << what;
-    }
+    for (unsigned seed = 1; seed <= 3; ++seed)
+      for (const bool hosts : {false, true}) {
+        const int world = hosts ? 4 : 2;
+        Profile p = synthetic_profile(ModelConfig::preset_config(name), world, seed);
+        if (hosts) on_two_hosts(p), make_world_dear(p);
+        p.collective_overhead_ms = 0;
+        const int64_t top = p.micro_batches.back();
+        auto step = [&](const Profile& q, Strategy s, int64_t b) {
+          CostOptions o;
+          o.world = world, o.global_batch = world * b;
+          std::map<std::string, OpChoice> choices;
+          for (const OpProfile& op : q.ops) choices[op.name] = OpChoice{s, 1};
+          return CostModel::from_profile(q, o).evaluate(choices, b).step_ms;
+        };
+        MeasuredSteps real;
+        std::vector<Strategy> residual = residual_strategies(hosts);
+        for (int64_t b : p.micro_batches) {
+          real.ddp_ms[b] = (1.05 + 0.05 * static_cast<double>(b)) * step(p, Strategy::ddp, b);
+          if (b != top && !hosts) continue;
+          for (size_t i = 0; i < residual.size(); ++i) {
+            const double factor = 0.8 + 0.1 * static_cast<double>(i) + 0.15 * static_cast<double>(b);
+            real.uniform_ms[strategy_name(residual[i])][b] = factor * step(p, residual[i], b);
+          }
+        }
+        calibrate_profile(p, real);
+        const std::string what =
+            std::string(name) + " seed " + std::to_string(seed) + (hosts ? " 2 hosts" : "");
+        for (const auto& [b, ms] : real.ddp_ms) EXPECT_NEAR(step(p, Strategy::ddp, b), ms, 1e-6 * ms) << what;
+        for (const auto& [s, by_b] : real.uniform_ms)
+          for (const auto& [b, ms] : by_b)
+            EXPECT_NEAR(step(p, parse_strategy(s, "test"), b), ms, 1e-6 * ms) << what << " " << s << " " << b;
+        // On one host a residual measured at the largest micro-batch is lent to the others.
+        if (!hosts) {
+          for (const auto& [s, by_b] : p.strategy_residual_ms) EXPECT_EQ(by_b.size(), 1u) << what << " " << s;
+        }
+        // What a profile file keeps plans the same.
+        const Profile saved = profile_from_json(profile_to_json(p), "profile");
+        EXPECT_EQ(saved.strategy_residual_ms, p.strategy_residual_ms) << what;
+        // A profile from before residuals were kept by micro-batch (one number each) reads as the largest's.
+        nlohmann::json old = profile_to_json(p);
+        for (auto& [s, by_b] : old.at("strategy_residual_ms").items()) by_b = by_b.at(std::to_string(top));
+        for (const auto& [s, by_b] : profile_from_json(old, "old profile").strategy_residual_ms)
+          EXPECT_EQ(by_b, (std::map<int64_t, double>{{top, p.strategy_residual_ms.at(s).at(top)}})) << what;
+        // A residual at a micro-batch the profile does not have is refused.
+        nlohmann::json bad = profile_to_json(p);
+        bad["strategy_residual_ms"]["zero1"]["3"] = 1.0;
+        EXPECT_THROW(profile_from_json(bad, "bad profile"), UsageError) << what;
+      }
 }
 
 // Slim-DP as a plan choice (plan --allow-slim): offered only when allowed, never split; its cost is one
@@ -377,7 +401,8 @@ TEST(Planner, HybridShardingIsAChoiceAcrossHosts) {
       // A profile file keeps the hosts it was taken on: planned from it, hybrid sharding is offered too.
       // ... and, calibrated across hosts, what hybrid sharding's steps cost beyond the model.
       Profile calibrated = dear;
-      calibrated.strategy_residual_ms = {{"zero2", 1.5}, {"zero3", 2}, {"hsdp", 2.5}, {"hsdp2", 3.5}};
+      calibrated.strategy_residual_ms = {
+          {"zero2", {{4, 1.5}}}, {"zero3", {{2, 2}, {4, 2.5}}}, {"hsdp", {{1, 2.5}}}, {"hsdp2", {{4, 3.5}}}};
       const Profile saved = profile_from_json(profile_to_json(calibrated), "profile");
       EXPECT_EQ(saved.strategy_residual_ms, calibrated.strategy_residual_ms);
       EXPECT_EQ(saved.hosts, 2);

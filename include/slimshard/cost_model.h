@@ -139,8 +139,9 @@ class CostModel {
   std::map<int64_t, int64_t> loss_act_, bwd_extra_, loss_peak_;
   std::map<std::string, CollectiveFit> coll_;
   double overlap_ = 1, opt_ns_ = 0, coll_overhead_ = 0;
-  std::map<std::string, double> residual_;  // by strategy name (profile.h: strategy_residual_ms)
-  double param_numel_ = 1;                  // all ops' params, for spreading the residuals
+  // by strategy name, then micro-batch (profile.h: strategy_residual_ms)
+  std::map<std::string, std::map<int64_t, double>> residual_;
+  double param_numel_ = 1;  // all ops' params, for spreading the residuals
   std::string source_;
   // Op i's moments under a choice in its uniform neighbourhood, by (op, strategy, splits, accumulating,
   // recomputing).

@@ -59,9 +59,11 @@ struct Profile {
   std::map<std::string, CollectiveFit> collectives;
   double overlap_slowdown = 1;        // compute time while communication runs / compute time alone
   double collective_overhead_ms = 0;  // latency of a zero3 gather waited for among busy threads (fitted)
-  // What a real zero1 / zero2 / zero3 step took beyond the model's prediction (largest micro-batch), spread
-  // over the ops by their parameters: the cost model's uniform plans then take the time measured.
-  std::map<std::string, double> strategy_residual_ms;
+  // What a real zero1 / zero2 / zero3 (across hosts also hsdp, hsdp2) step took beyond the model's
+  // prediction, by strategy and micro-batch, spread over the ops by their parameters: the cost model's
+  // uniform plans then take the time measured. Measured at the largest micro-batch (across hosts at every
+  // one); at another the nearest measured one's (cost_model.cpp).
+  std::map<std::string, std::map<int64_t, double>> strategy_residual_ms;
   nlohmann::json measured_steps;  // the real steps that latency was fitted to
   double optimizer_ns_per_element = 0;
   double reduce_ns_per_byte = 0;  // the comm thread's own work per byte reduced (for scaling to other worlds)
@@ -76,21 +78,22 @@ struct ProfileOptions {
 // The micro-batches worth profiling for a per-rank batch of `local` rows: up to four of its divisors, the
 // largest and then halving, in increasing order (what `train --strategy osdp` and `bench` profile).
 std::vector<int64_t> profile_micro_batches(int64_t local);
-// The uniform strategies whose real steps calibrate strategy_residual_ms: zero1 and zero2, across hosts also
-// hsdp and hsdp2 (the profiler times them beside ddp and zero3; a profile file may hold no others but zero3).
+// The uniform strategies whose real steps calibrate strategy_residual_ms: zero1, zero2 and zero3 (whose steps
+// also fit the gathers' latency), across hosts also hsdp and hsdp2. The profiler times them beside ddp.
 std::vector<Strategy> residual_strategies(bool across_hosts);
 
 // Measures ops, collectives, overlap and the optimizer (not yet calibrated). Every rank of `comm` must call
 // it (collectives are timed); per-op times are rank 0's.
 Profile measure_profile(const ModelConfig& model, const std::vector<int64_t>& micro_batches,
                         Communicator& comm, const ProfileOptions& o, uint64_t seed);
-// Measured whole training steps (median ms), one strategy everywhere: DDP at every micro-batch, zero3 at the
-// largest (when the world is larger than one).
+// Measured whole training steps (median ms), one strategy everywhere and one micro-batch per rank: DDP at
+// every micro-batch; with a world larger than one zero3 and residual_strategies at the largest (across hosts
+// at every one: there the step is mostly the slow link's, and how much of it hides under compute changes with
+// the micro-batch, so no one micro-batch's residual holds at another — a zero1 residual taken at 4 rows left
+// an osdp step at 2 rows predicted 25 % short, docs/cluster.md).
 struct MeasuredSteps {
   std::map<int64_t, double> ddp_ms;
-  double zero3_ms = 0;
-  // zero1, zero2 (across hosts also hsdp, hsdp2) at the largest micro-batch
-  std::map<std::string, double> uniform_ms;
+  std::map<std::string, std::map<int64_t, double>> uniform_ms;  // by strategy name, then micro-batch
 };
 // Calibration against real steps. (1) Op times measured in isolation run a little faster than inside a whole
 // step, and by how much depends on the micro-batch: each micro-batch's op times are scaled so that the

@@ -23,6 +23,15 @@ double overlap(double compute, double comm, double f) {
   return std::max(compute + (f - 1) * std::min(compute, comm), comm);
 }
 
+// A residual at micro-batch b: the one measured there, else the nearest measured one's (the larger on a tie).
+double nearest(const std::map<int64_t, double>& by_b, int64_t b) {
+  auto hi = by_b.lower_bound(b);
+  if (hi == by_b.end()) return std::prev(hi)->second;
+  if (hi->first == b || hi == by_b.begin()) return hi->second;
+  const auto lo = std::prev(hi);
+  return b - lo->first < hi->first - b ? lo->second : hi->second;
+}
+
 }  // namespace
 
 double CostModel::interp(const std::map<int64_t, double>& m, int64_t b) const {
@@ -411,10 +420,10 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
   cc.choice = c;
   cc.intra_bytes = multi ? intra : 0, cc.inter_bytes = multi ? inter : 0;
   cc.time_ms = accum * forward + (accum - 1) * backward_mid + backward_last + after + opt_ns_ * owned * 1e-6;
-  if (auto it = residual_.find(strategy_name(c.strategy)); it != residual_.end()) {
+  if (auto it = residual_.find(strategy_name(c.strategy)); it != residual_.end() && !it->second.empty()) {
     double n = 0;
     for (int64_t numel : p.param_numels) n += static_cast<double>(numel);
-    cc.time_ms = std::max(0.0, cc.time_ms + it->second * n / param_numel_);
+    cc.time_ms = std::max(0.0, cc.time_ms + nearest(it->second, micro) * n / param_numel_);
   }
   cc.mem = choice_memory(p.param_numels, c, o_.world, o_.optim_states, o_.precision, o_.ranks_per_host);
   const OpMoments t = op_transients(op, c, static_cast<int64_t>(accum));

@@ -62,30 +62,35 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
   Profile p = measure_profile(model, micro_batches, comm, o, seed);
   MeasuredSteps steps;
   const int64_t top = micro_batches.back();
+  const bool across_hosts = comm.topology().hosts > 1 && comm.topology().uniform;
   for (int64_t b : micro_batches)
-    if (b != top || comm.world() == 1)
+    if (comm.world() == 1 || (b != top && !across_hosts))
       steps.ddp_ms[b] = time_uniform(model, Strategy::ddp, b, comm, seed, o.repeats, o.precision);
   if (comm.world() > 1) {
-    // The strategies compared at the largest micro-batch — ddp, zero3 (its gathers' latency) and, for their
-    // residuals, zero1 and zero2 (across hosts also hybrid sharding: its peers' all-reduces, timed alone, ran
-    // faster than inside a step; uncalibrated, uniform hsdp and hsdp2 were predicted 6-20 % short at
-    // 100 Mbit/s, docs/cluster.md) — timed in turn, two steps each per round: a slow spell of this shared
-    // machine lands on all of them, not in one strategy's residual (timed one after the other, zero2's
+    // The strategies compared — ddp, zero3 (its gathers' latency) and, for their residuals, zero1 and zero2
+    // (across hosts also hybrid sharding: its peers' all-reduces, timed alone, ran faster than inside a step;
+    // uncalibrated, uniform hsdp and hsdp2 were predicted 6-20 % short at 100 Mbit/s, docs/cluster.md) — at
+    // the largest micro-batch, across hosts at every one (profile.h, MeasuredSteps; one round below the
+    // largest: a step there takes seconds). Timed in turn, two steps each per round: a slow spell of this
+    // shared machine lands on all of them, not in one strategy's residual (timed one after the other, zero2's
     // calibration once ran 29-46 % slower than its training steps: docs/osdp.md, the grid).
-    std::vector<Strategy> turn{Strategy::ddp, Strategy::zero3};
-    for (Strategy s : residual_strategies(comm.topology().hosts > 1 && comm.topology().uniform))
-      turn.push_back(s);
+    std::vector<Strategy> turn{Strategy::ddp};
+    for (Strategy s : residual_strategies(across_hosts)) turn.push_back(s);
     DataParallel::Options dp_opts;
     dp_opts.precision = o.precision;
-    std::map<Strategy, std::vector<double>> ms;
-    for (int round = 0; round < std::max(1, (o.repeats + 1) / 2); ++round)
-      for (Strategy s : turn) {
-        const std::vector<double> t = time_steps(model, uniform_plan(s), top, 1, comm, seed, 2, dp_opts);
-        ms[s].insert(ms[s].end(), t.begin(), t.end());
-      }
-    steps.ddp_ms[top] = median(ms[Strategy::ddp]);
-    steps.zero3_ms = median(ms[Strategy::zero3]);
-    for (size_t i = 2; i < turn.size(); ++i) steps.uniform_ms[strategy_name(turn[i])] = median(ms[turn[i]]);
+    for (int64_t b : micro_batches) {
+      if (b != top && !across_hosts) continue;
+      std::map<Strategy, std::vector<double>> ms;
+      const int rounds = b == top ? std::max(1, (o.repeats + 1) / 2) : 1;
+      for (int round = 0; round < rounds; ++round)
+        for (Strategy s : turn) {
+          const std::vector<double> t = time_steps(model, uniform_plan(s), b, 1, comm, seed, 2, dp_opts);
+          ms[s].insert(ms[s].end(), t.begin(), t.end());
+        }
+      steps.ddp_ms[b] = median(ms[Strategy::ddp]);
+      for (size_t i = 1; i < turn.size(); ++i)
+        steps.uniform_ms[strategy_name(turn[i])][b] = median(ms[turn[i]]);
+    }
   }
   calibrate_profile(p, steps);
   return p;
