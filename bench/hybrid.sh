@@ -5,7 +5,8 @@
 # fit. One `slimshard bench` invocation: ddp, zero3, zero2 / hsdp / hsdp2 at micro-batch 2 (the largest at which
 # they fit; plan files), osdp without hybrid sharding and osdp with it, each planned from one profile taken on
 # the cluster; predicted step time and peak beside the measured ones, bytes between hosts per step.
-# PROFILE=file plans from a profile taken before on the same cluster and link (taking one: ~15 min at 100mbit).
+# PROFILE=file plans from a profile taken before on the same cluster and link (taking one: ~27 min at 100mbit,
+# every uniform strategy timed at every micro-batch).
 # Needs root. Writes OUT/hybrid.txt, OUT/hybrid.json (with each osdp run's plan) and, when it profiles,
 # OUT/profile.json (PROFILE=OUT/profile.json plans from it again).
 set -euo pipefail

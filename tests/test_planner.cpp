@@ -198,12 +198,11 @@ TEST(Planner, SearchEqualsBruteForce) {
   EXPECT_LT(fitted, 42);
 }
 
-// Calibration makes the model's uniform plans take the steps measured for them: ddp (op times scaled, at
-// every micro-batch), zero3 (its gathers' latency, then what the model's overlap hides of it as a residual),
-// zero1 and zero2 (residuals) at the largest micro-batch; across hosts also hsdp and hsdp2, and every
-// residual at every micro-batch. The oracle is the measurement itself, from the model's own prediction offset
-// by a factor that differs by micro-batch (as across hosts, where how much of the slow link hides under
-// compute does).
+// Calibration makes the model's uniform plans take the steps measured for them. On one host: ddp (op times
+// scaled, at every micro-batch), zero3 (its gathers' latency, then what the model's overlap hides of it as a
+// residual), zero1 and zero2 (residuals) at the largest micro-batch. Across hosts every one of ddp, zero1-3,
+// hsdp and hsdp2 by a residual at every micro-batch, the op times as profiled. The oracle is the measurement
+// itself, from the model's own prediction offset by a factor that differs by strategy and micro-batch.
 TEST(Planner, CalibrationReproducesEveryMeasuredUniformStep) {
   for (const char* name : {"gpt-tiny", "mlp"})
     for (unsigned seed = 1; seed <= 3; ++seed)
@@ -223,13 +222,14 @@ TEST(Planner, CalibrationReproducesEveryMeasuredUniformStep) {
         MeasuredSteps real;
         std::vector<Strategy> residual = residual_strategies(hosts);
         for (int64_t b : p.micro_batches) {
-          real.ddp_ms[b] = (1.05 + 0.05 * static_cast<double>(b)) * step(p, Strategy::ddp, b);
+          if (!hosts) real.ddp_ms[b] = (1.05 + 0.05 * static_cast<double>(b)) * step(p, Strategy::ddp, b);
           if (b != top && !hosts) continue;
           for (size_t i = 0; i < residual.size(); ++i) {
             const double factor = 0.8 + 0.1 * static_cast<double>(i) + 0.15 * static_cast<double>(b);
             real.uniform_ms[strategy_name(residual[i])][b] = factor * step(p, residual[i], b);
           }
         }
+        const Profile measured = p;
         calibrate_profile(p, real);
         const std::string what =
             std::string(name) + " seed " + std::to_string(seed) + (hosts ? " 2 hosts" : "");
@@ -237,9 +237,14 @@ TEST(Planner, CalibrationReproducesEveryMeasuredUniformStep) {
         for (const auto& [s, by_b] : real.uniform_ms)
           for (const auto& [b, ms] : by_b)
             EXPECT_NEAR(step(p, parse_strategy(s, "test"), b), ms, 1e-6 * ms) << what << " " << s << " " << b;
-        // On one host a residual measured at the largest micro-batch is lent to the others.
+        // On one host a residual measured at the largest micro-batch is lent to the others; across hosts the
+        // op times are the profiled ones (ddp is a residual too).
         if (!hosts) {
           for (const auto& [s, by_b] : p.strategy_residual_ms) EXPECT_EQ(by_b.size(), 1u) << what << " " << s;
+        } else {
+          EXPECT_EQ(p.strategy_residual_ms.at("ddp").size(), p.micro_batches.size()) << what;
+          for (size_t i = 0; i < p.ops.size(); ++i)
+            EXPECT_EQ(p.ops[i].fwd_ms, measured.ops[i].fwd_ms) << what;
         }
         // What a profile file keeps plans the same.
         const Profile saved = profile_from_json(profile_to_json(p), "profile");

@@ -79,28 +79,34 @@ struct ProfileOptions {
 // largest and then halving, in increasing order (what `train --strategy osdp` and `bench` profile).
 std::vector<int64_t> profile_micro_batches(int64_t local);
 // The uniform strategies whose real steps calibrate strategy_residual_ms: zero1, zero2 and zero3 (whose steps
-// also fit the gathers' latency), across hosts also hsdp and hsdp2. The profiler times them beside ddp.
+// also fit the gathers' latency), across hosts also ddp, hsdp and hsdp2. The profiler times them (and on one
+// host ddp, for the compute scale).
 std::vector<Strategy> residual_strategies(bool across_hosts);
 
 // Measures ops, collectives, overlap and the optimizer (not yet calibrated). Every rank of `comm` must call
 // it (collectives are timed); per-op times are rank 0's.
 Profile measure_profile(const ModelConfig& model, const std::vector<int64_t>& micro_batches,
                         Communicator& comm, const ProfileOptions& o, uint64_t seed);
-// Measured whole training steps (median ms), one strategy everywhere and one micro-batch per rank: DDP at
-// every micro-batch; with a world larger than one zero3 and residual_strategies at the largest (across hosts
-// at every one: there the step is mostly the slow link's, and how much of it hides under compute changes with
-// the micro-batch, so no one micro-batch's residual holds at another — a zero1 residual taken at 4 rows left
-// an osdp step at 2 rows predicted 25 % short, docs/cluster.md).
+// Measured whole training steps (median ms), one strategy everywhere and one micro-batch per rank. ddp_ms
+// scale the op times: DDP at every micro-batch, on one host (or with one rank). uniform_ms give residuals:
+// with a world larger than one zero1, zero2 and zero3 at the largest micro-batch; across hosts ddp, zero1,
+// zero2, zero3, hsdp and hsdp2 at every micro-batch, and the op times are not scaled. There a step is mostly
+// the slow link's and the model hides the compute under it, so the scale that made the model's DDP step the
+// measured one was ill-conditioned (gpt-25m at 100 Mbit/s: 0.97 or 2.35 at 2 rows, on DDP steps 2 % apart)
+// and, applied where compute is exposed, over-charged every extra micro-batch (hsdp at 2 rows predicted 16 %
+// long; an accumulated micro-batch measured 1.23 s, the op times as profiled 1.28). For the same reason no
+// micro-batch's residual holds at another (a zero1 residual taken at 4 rows left an osdp plan at 2 rows
+// predicted 25 % short): docs/cluster.md.
 struct MeasuredSteps {
   std::map<int64_t, double> ddp_ms;
   std::map<std::string, std::map<int64_t, double>> uniform_ms;  // by strategy name, then micro-batch
 };
 // Calibration against real steps. (1) Op times measured in isolation run a little faster than inside a whole
-// step, and by how much depends on the micro-batch: each micro-batch's op times are scaled so that the
-// model's DDP step equals the measured one. (2) What a zero3 step costs beyond the model, per gather, is the
-// latency of a gather waited for among busy threads. (3) What a zero1, a zero2, a zero3 (across hosts an hsdp
-// and an hsdp2) step cost beyond the model is spread over the ops by their parameters (strategy_residual_ms):
-// for zero3 what (2) leaves, since the model hides most of that latency under compute.
+// step, and by how much depends on the micro-batch: each micro-batch's op times in ddp_ms are scaled so that
+// the model's DDP step equals the measured one. (2) What a zero3 step costs beyond the model, per gather, is
+// the latency of a gather waited for among busy threads. (3) What each step in uniform_ms costs beyond the
+// model is spread over the ops by their parameters (strategy_residual_ms, by micro-batch): for zero3 what (2)
+// leaves, since the model hides most of that latency under compute.
 void calibrate_profile(Profile& p, const MeasuredSteps& steps);
 
 nlohmann::json profile_to_json(const Profile& p);

@@ -235,7 +235,7 @@ std::vector<OpProfile> unmeasured(const std::vector<OpShape>& shapes) {
 
 std::vector<Strategy> residual_strategies(bool across_hosts) {
   if (!across_hosts) return {Strategy::zero1, Strategy::zero2, Strategy::zero3};
-  return {Strategy::zero1, Strategy::zero2, Strategy::zero3, Strategy::hsdp, Strategy::hsdp2};
+  return {Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3, Strategy::hsdp, Strategy::hsdp2};
 }
 
 std::vector<int64_t> profile_micro_batches(int64_t local) {
