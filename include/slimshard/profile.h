@@ -59,7 +59,7 @@ struct Profile {
   std::map<std::string, CollectiveFit> collectives;
   double overlap_slowdown = 1;        // compute time while communication runs / compute time alone
   double collective_overhead_ms = 0;  // latency of a zero3 gather waited for among busy threads (fitted)
-  // What a real zero1 / zero2 / zero3 (across hosts also hsdp, hsdp2) step took beyond the model's
+  // What a real zero1 / zero2 / zero3 (across hosts also ddp, hsdp, hsdp2) step took beyond the model's
   // prediction, by strategy and micro-batch, spread over the ops by their parameters: the cost model's
   // uniform plans then take the time measured. Measured at the largest micro-batch (across hosts at every
   // one); at another the nearest measured one's (cost_model.cpp).

@@ -527,13 +527,14 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& what) {
       }
       if (!v.is_object() || v.empty())
         throw bad("strategy_residual_ms." + name, "expected ms by micro-batch");
-      for (const auto& [key, ms] : v.items()) {
+      for (const auto& entry : v.items()) {
+        const std::string key = entry.key();  // a named copy, as above
         const auto b = std::find_if(p.micro_batches.begin(), p.micro_batches.end(),
                                     [&](int64_t m) { return std::to_string(m) == key; });
         if (b == p.micro_batches.end())
           throw bad("strategy_residual_ms." + name,
                     "'" + key + "' is not one of the profile's micro-batches");
-        p.strategy_residual_ms[name][*b] = json_number(ms, field + "." + key, -1e9, 1e9);
+        p.strategy_residual_ms[name][*b] = json_number(entry.value(), field + "." + key, -1e9, 1e9);
       }
     }
   } catch (const nlohmann::json::exception& e) {
