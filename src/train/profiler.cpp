@@ -63,38 +63,35 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
   MeasuredSteps steps;
   const int64_t top = micro_batches.back();
   const bool across_hosts = comm.topology().hosts > 1 && comm.topology().uniform;
-  for (int64_t b : micro_batches)
-    if (comm.world() == 1 || (b != top && !across_hosts))
+  // The strategies compared — ddp (on one host: the compute scale), zero3 (its gathers' latency) and, for
+  // their residuals, zero1 and zero2 (across hosts also hybrid sharding: its peers' all-reduces, timed alone,
+  // ran faster than inside a step; uncalibrated, uniform hsdp and hsdp2 were predicted 6-20 % short at
+  // 100 Mbit/s, docs/cluster.md) — at the largest micro-batch, across hosts at every one (profile.h,
+  // MeasuredSteps; one round below the largest: a step there takes seconds). Timed in turn, two steps each
+  // per round: a slow spell of this shared machine lands on all of them, not in one strategy's residual
+  // (timed one after the other, zero2's calibration once ran 29-46 % slower than its training steps:
+  // docs/osdp.md, the grid). On one host ddp alone at the smaller micro-batches (its step scales op times).
+  std::vector<Strategy> turn = residual_strategies(across_hosts);
+  if (!across_hosts) turn.insert(turn.begin(), Strategy::ddp);
+  const bool ddp_scales = !across_hosts;  // one host: ddp's steps go to ddp_ms, not to a residual
+  DataParallel::Options dp_opts;
+  dp_opts.precision = o.precision;
+  for (int64_t b : micro_batches) {
+    const bool in_turn = comm.world() > 1 && (b == top || across_hosts);
+    if (!in_turn) {
       steps.ddp_ms[b] = time_uniform(model, Strategy::ddp, b, comm, seed, o.repeats, o.precision);
-  if (comm.world() > 1) {
-    // The strategies compared — ddp (on one host: the compute scale), zero3 (its gathers' latency) and, for
-    // their residuals, zero1 and zero2 (across hosts also hybrid sharding: its peers' all-reduces, timed
-    // alone, ran faster than inside a step; uncalibrated, uniform hsdp and hsdp2 were predicted 6-20 % short
-    // at 100 Mbit/s, docs/cluster.md) — at the largest micro-batch, across hosts at every one (profile.h,
-    // MeasuredSteps; one round below the largest: a step there takes seconds). Timed in turn, two steps each
-    // per round: a slow spell of this shared machine lands on all of them, not in one strategy's residual
-    // (timed one after the other, zero2's calibration once ran 29-46 % slower than its training steps:
-    // docs/osdp.md, the grid).
-    std::vector<Strategy> turn = residual_strategies(across_hosts);
-    if (!across_hosts) turn.insert(turn.begin(), Strategy::ddp);
-    DataParallel::Options dp_opts;
-    dp_opts.precision = o.precision;
-    for (int64_t b : micro_batches) {
-      if (b != top && !across_hosts) continue;
-      std::map<Strategy, std::vector<double>> ms;
-      const int rounds = b == top ? std::max(1, (o.repeats + 1) / 2) : 1;
-      for (int round = 0; round < rounds; ++round)
-        for (Strategy s : turn) {
-          const std::vector<double> t = time_steps(model, uniform_plan(s), b, 1, comm, seed, 2, dp_opts);
-          ms[s].insert(ms[s].end(), t.begin(), t.end());
-        }
-      for (Strategy s : turn) {
-        if (s == Strategy::ddp && !across_hosts)
-          steps.ddp_ms[b] = median(ms[s]);
-        else
-          steps.uniform_ms[strategy_name(s)][b] = median(ms[s]);
-      }
+      continue;
     }
+    std::map<Strategy, std::vector<double>> ms;
+    const int rounds = b == top ? std::max(1, (o.repeats + 1) / 2) : 1;
+    for (int round = 0; round < rounds; ++round)
+      for (Strategy s : turn) {
+        const std::vector<double> t = time_steps(model, uniform_plan(s), b, 1, comm, seed, 2, dp_opts);
+        ms[s].insert(ms[s].end(), t.begin(), t.end());
+      }
+    for (Strategy s : turn)
+      (s == Strategy::ddp && ddp_scales ? steps.ddp_ms[b] : steps.uniform_ms[strategy_name(s)][b]) =
+          median(ms[s]);
   }
   calibrate_profile(p, steps);
   return p;
