@@ -2,9 +2,9 @@
 # Hybrid sharding across hosts (docs/cluster.md): gpt-25m on HOSTS x RANKS (2 x 2) hosts of this machine
 # (scripts/cluster.sh), each host's link shaped to LINK (100mbit: about the OSDP paper's ratio of compute to
 # bandwidth for 4 ranks on 2 cores), global batch BATCH (16), a budget LIMIT (450MiB) under which ddp does not
-# fit. One `slimshard bench` invocation: ddp, zero3, zero2 / hsdp / hsdp2 at micro-batch 2 (the largest at which
-# they fit; plan files), osdp without hybrid sharding and osdp with it, each planned from one profile taken on
-# the cluster; predicted step time and peak beside the measured ones, bytes between hosts per step.
+# fit. One `slimshard bench` invocation: ddp, zero3, zero1 / zero2 / hsdp / hsdp2 at micro-batch 2 (the largest
+# at which they fit; plan files), osdp without hybrid sharding and osdp with it, each planned from one profile
+# taken on the cluster; predicted step time and peak beside the measured ones, bytes between hosts per step.
 # PROFILE=file plans from a profile taken before on the same cluster and link (taking one: ~27 min at 100mbit,
 # every uniform strategy timed at every micro-batch).
 # Needs root. Writes OUT/hybrid.txt, OUT/hybrid.json (with each osdp run's plan) and, when it profiles,
@@ -24,7 +24,7 @@ trap '"$here/scripts/cluster.sh" down --name $name >/dev/null' EXIT
 "$here/scripts/cluster.sh" up --name $name --hosts "$hosts" --ranks-per-host "$ranks" --link "$link" >/dev/null
 flags=$(cat "${SLIMSHARD_CLUSTER_DIR:-/tmp}/slimshard-cluster-$name/mpirun-flags")
 entries="ddp,zero3"
-for s in zero2 hsdp hsdp2; do
+for s in zero1 zero2 hsdp hsdp2; do
   printf '{"micro_batch": 2, "ops": {"*": {"strategy": "%s"}}}\n' "$s" >"$out/$s-mb2.json"
   entries="$entries,$out/$s-mb2.json"
 done
