@@ -198,7 +198,7 @@ double measure_overlap_slowdown(Communicator& comm) {
 // its norm and scaling (clipping), and AdamW. Every rank at once after a barrier, as in training (where all
 // step their optimizers together after the last reduction): timed alone while other ranks still polled in
 // a collective, a step of a few milliseconds sometimes waited out a whole scheduling slice (12.9 ns per
-// element in one profile across hosts, 1.1 in the one before). 4 Mi elements (~5 ms a pass), 9 passes.
+// element in one profile across hosts, 1.1 in the one before). 4 Mi elements (5-15 ms a pass here), 9 passes.
 double measure_optimizer_ns_per_element(Communicator& comm) {
   constexpr int64_t n = int64_t{1} << 22;
   ShardedParam q("probe", at::randn({n}), true);

@@ -48,13 +48,6 @@ std::vector<double> time_steps(const ModelConfig& cfg, const Plan& plan, int64_t
   return times;
 }
 
-double time_uniform(const ModelConfig& cfg, Strategy s, int64_t b, Communicator& comm, uint64_t seed,
-                    int steps, const Precision& prec) {
-  DataParallel::Options dp_opts;
-  dp_opts.precision = prec;
-  return median(time_steps(cfg, uniform_plan(s), b, 1, comm, seed, steps, dp_opts));
-}
-
 }  // namespace
 
 Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& micro_batches,
@@ -73,13 +66,13 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
   // docs/osdp.md, the grid). On one host ddp alone at the smaller micro-batches (its step scales op times).
   std::vector<Strategy> turn = residual_strategies(across_hosts);
   if (!across_hosts) turn.insert(turn.begin(), Strategy::ddp);
-  const bool ddp_scales = !across_hosts;  // one host: ddp's steps go to ddp_ms, not to a residual
   DataParallel::Options dp_opts;
   dp_opts.precision = o.precision;
   for (int64_t b : micro_batches) {
     const bool in_turn = comm.world() > 1 && (b == top || across_hosts);
     if (!in_turn) {
-      steps.ddp_ms[b] = time_uniform(model, Strategy::ddp, b, comm, seed, o.repeats, o.precision);
+      steps.ddp_ms[b] =
+          median(time_steps(model, uniform_plan(Strategy::ddp), b, 1, comm, seed, o.repeats, dp_opts));
       continue;
     }
     std::map<Strategy, std::vector<double>> ms;
@@ -90,7 +83,7 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
         ms[s].insert(ms[s].end(), t.begin(), t.end());
       }
     for (Strategy s : turn)
-      (s == Strategy::ddp && ddp_scales ? steps.ddp_ms[b] : steps.uniform_ms[strategy_name(s)][b]) =
+      (s == Strategy::ddp && !across_hosts ? steps.ddp_ms[b] : steps.uniform_ms[strategy_name(s)][b]) =
           median(ms[s]);
   }
   calibrate_profile(p, steps);
