@@ -63,13 +63,14 @@ StepResult TrainStep::run(int64_t step, int64_t accum, const std::function<Batch
     if (clip > 0 && r.grad_norm > clip) scale_grads(params_, clip / (r.grad_norm + 1e-6));
     optim_.step(params_, lr);
   }
+  split(r.times.optimizer);
   {
     memory::PhaseScope phase(memory::Phase::comm);
     if (slim_) slim_->after_step(step);  // before the working copies are refreshed from the masters
     dp_.after_optimizer_step();
   }
   loss_work->wait();
-  split(r.times.optimizer);
+  split(r.times.after_step);
   const double* v = shared.data_ptr<double>();
   r.loss = v[0] / static_cast<double>(comm_.world());
   r.stop = StopFlags{v[1] > 0, v[2] > 0, v[3] > 0};

@@ -19,9 +19,10 @@ class ShardedParam;
 class SlimSync;
 
 // Where a step's time goes on this rank (ms): building the batch, forward, backward (with the gradient
-// reductions it overlaps), waiting for the reductions still running after backward, clipping + optimizer.
+// reductions it overlaps), waiting for the reductions still running after backward, clipping + optimizer,
+// then the collectives after the step (Slim-DP's round, zero1/zero2's gathers of the updated slices).
 struct StepTimes {
-  double data = 0, forward = 0, backward = 0, comm_wait = 0, optimizer = 0;
+  double data = 0, forward = 0, backward = 0, comm_wait = 0, optimizer = 0, after_step = 0;
 };
 
 // Reasons to stop that one rank may see and every rank must act on: they travel with the step's loss (one

@@ -77,7 +77,8 @@ nlohmann::json summary_json(const TrainSummary& s, const RunStats& stats, const 
                                 {"forward", stats.median_phase_ms(&StepTimes::forward)},
                                 {"backward", stats.median_phase_ms(&StepTimes::backward)},
                                 {"comm_wait", stats.median_phase_ms(&StepTimes::comm_wait)},
-                                {"optimizer", stats.median_phase_ms(&StepTimes::optimizer)}};
+                                {"optimizer", stats.median_phase_ms(&StepTimes::optimizer)},
+                                {"after_step", stats.median_phase_ms(&StepTimes::after_step)}};
   nlohmann::json j{{"summary", true},
                    {"steps", s.steps},
                    {"first_step", s.first_step},
@@ -133,10 +134,10 @@ void print_summary(const TrainSummary& s, const RunStats& stats, const std::stri
               phase(memory::Phase::backward).c_str(), phase(memory::Phase::optimizer).c_str());
   std::printf(
       "time per step on rank 0 (median ms): data %.1f, forward %.1f, backward %.1f, waiting for gradient "
-      "reductions %.1f, optimizer %.1f\n",
+      "reductions %.1f, optimizer %.1f, collectives after it %.1f\n",
       stats.median_phase_ms(&StepTimes::data), stats.median_phase_ms(&StepTimes::forward),
       stats.median_phase_ms(&StepTimes::backward), stats.median_phase_ms(&StepTimes::comm_wait),
-      stats.median_phase_ms(&StepTimes::optimizer));
+      stats.median_phase_ms(&StepTimes::optimizer), stats.median_phase_ms(&StepTimes::after_step));
   if (s.world > 1)
     std::printf(
         "communication: %s per step per rank, %s of it between hosts (%s backend, %d host(s)); weights "

@@ -363,13 +363,14 @@ void Trainer::print_start() const {
   std::fprintf(stderr, "model: %s, %lld parameters\n", o_.model.describe().c_str(),
                (long long)model_->params().numel());
   std::fprintf(stderr, "data: %s\n", data_->describe().c_str());
-  std::fprintf(
-      stderr,
-      "training: %lld steps, global batch %lld (%lld ranks x %lld micro-batches of %lld), strategy %s, "
-      "%s lr %g, %s, %d thread(s) per rank, %s communication%s\n",
-      (long long)o_.steps, (long long)o_.batch_size, (long long)world_, (long long)accum_, (long long)micro_,
-      o_.strategy.c_str(), o_.optim.name.c_str(), o_.lr, o_.precision.name().c_str(), o_.threads,
-      comm_.backend_name().c_str(), hosts_description(comm_.topology()).c_str());
+  std::fprintf(stderr,
+               "training: %lld steps, global batch %lld (%lld ranks x %lld micro-batches of %lld), %s, "
+               "%s lr %g, %s, %d thread(s) per rank, %s communication%s\n",
+               (long long)o_.steps, (long long)o_.batch_size, (long long)world_, (long long)accum_,
+               (long long)micro_,
+               (o_.plan_file.empty() ? "strategy " + o_.strategy : "plan " + o_.plan_file).c_str(),
+               o_.optim.name.c_str(), o_.lr, o_.precision.name().c_str(), o_.threads,
+               comm_.backend_name().c_str(), hosts_description(comm_.topology()).c_str());
   if (o_.verbose) print_buffers();
 }
 
