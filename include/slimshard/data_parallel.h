@@ -93,6 +93,9 @@ class DataParallel {
     return reduce_ == at::kBFloat16 && g.scalar_type() == at::kFloat;
   }
   void launch_ready_buckets();
+  // A reduction queued behind the others; `holds_full` when it keeps a full gradient alive until it runs.
+  void queue_reduction(std::shared_ptr<Work> w, bool holds_full);
+  void bound_full_grads_in_flight();
 
   Communicator& comm_;
   at::ScalarType reduce_;
@@ -104,7 +107,9 @@ class DataParallel {
   std::map<const ShardedParam*, size_t> group_of_;
   std::vector<std::vector<std::pair<ShardedParam*, at::Tensor>>> pending_;  // per group: (param, full grad)
   std::unique_ptr<Prefetcher> prefetcher_;
-  std::deque<std::shared_ptr<Work>> scatters_;  // zero reduce-scatters in flight, oldest first
+  // zero reductions in flight, oldest first; how many of them hold a full gradient
+  std::deque<std::pair<std::shared_ptr<Work>, bool>> scatters_;
+  int full_grads_in_flight_ = 0;
   int64_t micro_index_ = 0, micro_count_ = 1;
   bool any_sharded_ = false;
   int next_launch_ = 0;

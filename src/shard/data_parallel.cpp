@@ -129,12 +129,28 @@ void DataParallel::flush_group(size_t g) {
     std::function<void()> land = [owned, parts]() mutable {
       for (size_t i = 0; i < owned.size(); ++i) owned[i].copy_(parts[i]);
     };
-    scatters_.push_back(comm_.reduce_scatter_coalesced(parts, ins, ReduceOp::avg, fold, Group::host));
-    scatters_.push_back(comm_.all_reduce(landed, ReduceOp::avg, land, Group::peers));
+    queue_reduction(comm_.reduce_scatter_coalesced(parts, ins, ReduceOp::avg, fold, Group::host), true);
+    queue_reduction(comm_.all_reduce(landed, ReduceOp::avg, land, Group::peers), false);
   } else {
-    scatters_.push_back(comm_.reduce_scatter_coalesced(parts, ins, ReduceOp::avg, apply, shard_group(s)));
+    queue_reduction(comm_.reduce_scatter_coalesced(parts, ins, ReduceOp::avg, apply, shard_group(s)), true);
   }
-  while (scatters_.size() > 2) scatters_.front()->wait(), scatters_.pop_front();
+  bound_full_grads_in_flight();
+}
+
+void DataParallel::queue_reduction(std::shared_ptr<Work> w, bool holds_full) {
+  scatters_.emplace_back(std::move(w), holds_full);
+  full_grads_in_flight_ += holds_full ? 1 : 0;
+}
+
+// At most two full gradients wait in the queue (what the memory estimate counts). A hybrid op's all-reduce
+// among the peers holds only its slice: it does not count, so backward runs on while the slow link drains
+// it (counting it cost the mixed plans of docs/cluster.md their overlap).
+void DataParallel::bound_full_grads_in_flight() {
+  while (full_grads_in_flight_ > 2) {
+    scatters_.front().first->wait();
+    full_grads_in_flight_ -= scatters_.front().second ? 1 : 0;
+    scatters_.pop_front();
+  }
 }
 
 DataParallel::~DataParallel() {
@@ -169,7 +185,7 @@ void DataParallel::on_grad_ready(ShardedParam& p) {
     }
     const Group g = shard_group(s);
     if (micro_count_ == 1 && !narrow_wire(full) && !across_hosts(s)) {
-      scatters_.push_back(comm_.reduce_scatter(p.grad(), full, ReduceOp::avg, {}, g));
+      queue_reduction(comm_.reduce_scatter(p.grad(), full, ReduceOp::avg, {}, g), true);
     } else {
       // Into a slice added to the owned gradient (accumulation; a bf16 wire, rounded once for the trip, the
       // fp32 gradient freed now; hybrid: the host's slice then averaged with the peers on the other hosts).
@@ -182,14 +198,13 @@ void DataParallel::on_grad_ready(ShardedParam& p) {
         // once per step (the callbacks run on the comm thread in order, between the two collectives).
         std::function<void()> fold = [owned, part]() mutable { part.add_(owned); };
         std::function<void()> land = [owned, part]() mutable { owned.copy_(part); };
-        scatters_.push_back(comm_.reduce_scatter(part, wire, ReduceOp::avg, fold, g));
-        scatters_.push_back(comm_.all_reduce(part, ReduceOp::avg, land, Group::peers));
+        queue_reduction(comm_.reduce_scatter(part, wire, ReduceOp::avg, fold, g), true);
+        queue_reduction(comm_.all_reduce(part, ReduceOp::avg, land, Group::peers), false);
       } else {
-        scatters_.push_back(comm_.reduce_scatter(part, wire, ReduceOp::avg, add, g));
+        queue_reduction(comm_.reduce_scatter(part, wire, ReduceOp::avg, add, g), true);
       }
     }
-    // Bound the full gradients waiting in the queue (and the memory they hold).
-    while (scatters_.size() > 2) scatters_.front()->wait(), scatters_.pop_front();
+    bound_full_grads_in_flight();
     return;
   }
   if (!last || comm_.world() == 1) {
@@ -210,10 +225,11 @@ void DataParallel::on_grad_ready(ShardedParam& p) {
     if (narrow_wire(p.full_grad_flat())) {
       at::Tensor wire = p.full_grad_flat().to(reduce_);
       at::Tensor part = at::empty({p.shard_numel()}, wire.options()), owned = p.grad();
-      scatters_.push_back(
-          comm_.reduce_scatter(part, wire, ReduceOp::avg, [owned, part]() mutable { owned.copy_(part); }));
+      queue_reduction(
+          comm_.reduce_scatter(part, wire, ReduceOp::avg, [owned, part]() mutable { owned.copy_(part); }),
+          false);
     } else {
-      scatters_.push_back(comm_.reduce_scatter(p.grad(), p.full_grad_flat(), ReduceOp::avg));
+      queue_reduction(comm_.reduce_scatter(p.grad(), p.full_grad_flat(), ReduceOp::avg), false);
     }
     return;
   }
@@ -236,7 +252,8 @@ void DataParallel::end_backward(bool last) {
   for (size_t g = 0; g < groups_.size(); ++g) flush_group(g);
   // Every micro-batch's reduce-scatters finish before the next forward: their full gradients are never alive
   // beside another micro-batch's activations (what the memory estimate counts on).
-  while (!scatters_.empty()) scatters_.front()->wait(), scatters_.pop_front();
+  for (auto& entry : scatters_) entry.first->wait();
+  scatters_.clear(), full_grads_in_flight_ = 0;
   if (!last) return;
   if (comm_.world() > 1) {
     // Gradients a step did not produce (unused params) are zero; their buckets still go, in order.
@@ -247,7 +264,8 @@ void DataParallel::end_backward(bool last) {
       if (b.work && b.wire.defined()) b.flat.copy_(b.wire);
     }
   }
-  while (!scatters_.empty()) scatters_.front()->wait(), scatters_.pop_front();
+  for (auto& entry : scatters_) entry.first->wait();
+  scatters_.clear(), full_grads_in_flight_ = 0;
 }
 
 double DataParallel::grad_sq_sum() {
