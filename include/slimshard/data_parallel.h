@@ -96,6 +96,7 @@ class DataParallel {
   // A reduction queued behind the others; `holds_full` when it keeps a full gradient alive until it runs.
   void queue_reduction(std::shared_ptr<Work> w, bool holds_full);
   void bound_full_grads_in_flight();
+  void drain_reductions();
 
   Communicator& comm_;
   at::ScalarType reduce_;
@@ -107,9 +108,8 @@ class DataParallel {
   std::map<const ShardedParam*, size_t> group_of_;
   std::vector<std::vector<std::pair<ShardedParam*, at::Tensor>>> pending_;  // per group: (param, full grad)
   std::unique_ptr<Prefetcher> prefetcher_;
-  // zero reductions in flight, oldest first; how many of them hold a full gradient
+  // zero reductions in flight, oldest first, each with whether it holds a full gradient
   std::deque<std::pair<std::shared_ptr<Work>, bool>> scatters_;
-  int full_grads_in_flight_ = 0;
   int64_t micro_index_ = 0, micro_count_ = 1;
   bool any_sharded_ = false;
   int next_launch_ = 0;

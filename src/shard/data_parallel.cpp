@@ -139,18 +139,21 @@ void DataParallel::flush_group(size_t g) {
 
 void DataParallel::queue_reduction(std::shared_ptr<Work> w, bool holds_full) {
   scatters_.emplace_back(std::move(w), holds_full);
-  full_grads_in_flight_ += holds_full ? 1 : 0;
 }
 
 // At most two full gradients wait in the queue (what the memory estimate counts). A hybrid op's all-reduce
 // among the peers holds only its slice: it does not count, so backward runs on while the slow link drains
 // it (counting it cost the mixed plans of docs/cluster.md their overlap).
 void DataParallel::bound_full_grads_in_flight() {
-  while (full_grads_in_flight_ > 2) {
-    scatters_.front().first->wait();
-    full_grads_in_flight_ -= scatters_.front().second ? 1 : 0;
-    scatters_.pop_front();
-  }
+  auto full = [this] {
+    return std::count_if(scatters_.begin(), scatters_.end(), [](auto& e) { return e.second; });
+  };
+  while (full() > 2) scatters_.front().first->wait(), scatters_.pop_front();
+}
+
+void DataParallel::drain_reductions() {
+  for (auto& entry : scatters_) entry.first->wait();
+  scatters_.clear();
 }
 
 DataParallel::~DataParallel() {
@@ -252,8 +255,7 @@ void DataParallel::end_backward(bool last) {
   for (size_t g = 0; g < groups_.size(); ++g) flush_group(g);
   // Every micro-batch's reduce-scatters finish before the next forward: their full gradients are never alive
   // beside another micro-batch's activations (what the memory estimate counts on).
-  for (auto& entry : scatters_) entry.first->wait();
-  scatters_.clear(), full_grads_in_flight_ = 0;
+  drain_reductions();
   if (!last) return;
   if (comm_.world() > 1) {
     // Gradients a step did not produce (unused params) are zero; their buckets still go, in order.
@@ -264,8 +266,7 @@ void DataParallel::end_backward(bool last) {
       if (b.work && b.wire.defined()) b.flat.copy_(b.wire);
     }
   }
-  for (auto& entry : scatters_) entry.first->wait();
-  scatters_.clear(), full_grads_in_flight_ = 0;
+  drain_reductions();
 }
 
 double DataParallel::grad_sq_sum() {
