@@ -28,6 +28,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr size_t kMaxBounds = 256;
 // How often a bound's plan is searched again with the persistent budget cut by its overshoot.
 constexpr int kTightenings = 4;
+// The descent's repair (`descend`): how many stuck moves it tries per round, and the steps of its cover.
+constexpr int kRepairMoves = 16;
+constexpr int kRepairUnits = 64;
 
 struct Candidate {
   std::vector<std::vector<ChoiceCost>> per_op;  // every op's choices, costed at one micro-batch
@@ -309,6 +312,60 @@ SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult be
   const auto far_load = [&](size_t lo, size_t hi) {  // ops outside [lo − reach, hi + reach]
     return std::max(before[lo > reach ? lo - reach : 0], after[std::min(n, hi + reach + 1)]);
   };
+  // Stuck (no move fits), the moves of one op that save the most are tried again with room made for them:
+  // the other ops give up the persistent bytes the move overshoots the budget by, at the least time lost
+  // (a cover by dynamic programming over those bytes in kRepairUnits steps), while the whole still saves
+  // time; where the simulation finds the plan still over, by what it is over, again (kTightenings).
+  // (A move two adjacent ops cannot make: the room it needs is spread over ops anywhere in the model.)
+  const auto repair = [&](const std::vector<Move>& moves, const std::vector<bool>& touched) {
+    int tried = 0;
+    for (const Move& mv : moves) {
+      if (mv.second >= 0 || touched[mv.op] || ++tried > kRepairMoves) continue;
+      std::map<std::string, OpChoice> moved = best.choices;
+      moved[m.ops()[mv.op].name] = per_op[mv.op][static_cast<size_t>(mv.first)].choice;
+      int64_t over = m.evaluate(moved, micro).peak_bytes - o.mem_limit, need = 0;
+      for (int t = 0; t < kTightenings && over > 0; ++t) {
+        need += over;
+        const int64_t unit = (need + kRepairUnits - 1) / kRepairUnits;
+        // least[j][k]: the least time lost by ops before j freeing at least k units; pick[j][k] op j-1's
+        // choice there (-1: unchanged).
+        std::vector<std::vector<double>> least(n + 1, std::vector<double>(kRepairUnits + 1, kInf));
+        std::vector<std::vector<int>> pick(n + 1, std::vector<int>(kRepairUnits + 1, -1));
+        std::vector<std::vector<int>> from(n + 1, std::vector<int>(kRepairUnits + 1, 0));
+        least[0][0] = 0;
+        for (size_t j = 0; j < n; ++j)
+          for (int k = 0; k <= kRepairUnits; ++k) {
+            if (least[j][k] == kInf) continue;
+            if (least[j][k] < least[j + 1][k])
+              least[j + 1][k] = least[j][k], pick[j + 1][k] = -1, from[j + 1][k] = k;
+            if (j == mv.op) continue;
+            for (size_t c = 0; c < per_op[j].size(); ++c) {
+              const ChoiceCost& cc = per_op[j][c];
+              const int64_t freed = best.cost.per_op[j].mem.persistent() - cc.mem.persistent();
+              if (cc.choice.recompute != plan[j].recompute || freed < unit) continue;
+              const int to = static_cast<int>(std::min<int64_t>(kRepairUnits, k + freed / unit));
+              const double loss = least[j][k] + cc.time_ms - best.cost.per_op[j].time_ms;
+              if (loss < least[j + 1][to])
+                least[j + 1][to] = loss, pick[j + 1][to] = static_cast<int>(c), from[j + 1][to] = k;
+            }
+          }
+        if (least[n][kRepairUnits] >= mv.gain) break;
+        std::map<std::string, OpChoice> next = moved;
+        for (size_t j = n, k = kRepairUnits; j > 0; --j) {
+          if (pick[j][k] >= 0)
+            next[m.ops()[j - 1].name] = per_op[j - 1][static_cast<size_t>(pick[j][k])].choice;
+          k = static_cast<size_t>(from[j][k]);
+        }
+        const PlanCost c = m.evaluate(next, micro);
+        over = c.peak_bytes - o.mem_limit;
+        if (over > 0 || c.step_ms >= best.cost.step_ms) continue;
+        best.choices = std::move(next), best.cost = c;
+        refresh();
+        return true;
+      }
+    }
+    return false;
+  };
   // Each round takes, in order of gain, every move that fits and touches no op an earlier move of the round
   // changed (its gain is then still what it was). The plan's moments are refreshed after every move taken.
   refresh();
@@ -352,6 +409,7 @@ SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult be
       touched[i] = touched[last] = moved = true;
       refresh();
     }
+    if (!moved) moved = repair(moves, touched);
     if (!moved) break;
   }
   return best;
