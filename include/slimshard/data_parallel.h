@@ -23,7 +23,8 @@ class Prefetcher;
 //         order on every rank; nothing on non-final micro-batches.
 //   zero1 the full gradient accumulates over micro-batches and is reduce-scattered on the last one.
 //   zero2/zero3 each micro-batch's gradient is reduce-scattered as soon as it exists and then freed.
-//   zero1/zero2 updated shards are all-gathered in place after the optimizer step; zero3 gathers on use.
+//   zero1/zero2 updated shards are all-gathered in place after the optimizer step, waited for where the next
+//         forward uses them; zero3 gathers on use.
 //   hsdp/hsdp2 as zero3/zero2 among the ranks of one host; the owned slice of each gradient is then averaged
 //   with the ranks of the same local index on the other hosts (all-reduce among peers).
 //   Small sharded params (Options::fuse_bytes) go together per block and strategy: their reduce-scatter
@@ -39,6 +40,10 @@ class DataParallel {
     // Sharded params of at most this many bytes (fp32) are gathered and reduced together with the other small
     // params of their block and strategy (one collective per block, not one per bias); 0 = never.
     int64_t fuse_bytes = 256 << 10;
+    // zero1/zero2/hsdp2: the all-gathers of the updated slices run on while the next forward computes, each
+    // param's waited for where the forward first uses it (FSDP's SHARD_GRAD_OP gathers in the forward too);
+    // false: they finish before after_optimizer_step() returns.
+    bool defer_gathers = true;
   };
   // Params must not have been sharded yet; their strategies are given here (same order as `params`).
   DataParallel(Communicator& comm, std::vector<ShardedParam*> params, const std::vector<Strategy>& strategies,
@@ -54,8 +59,12 @@ class DataParallel {
   // Sum of squared gradients over the whole model (for global-norm clipping), equal on every rank.
   double grad_sq_sum();
   // After the masters changed (optimizer step, loaded checkpoint): every working copy refreshed, and
-  // zero1/zero2's updated shards all-gathered into the full params.
+  // zero1/zero2's updated shards all-gathered into the full params — left in flight (Options::defer_gathers)
+  // until a param's first use, the next backward's end, or wait_gathers().
   void after_optimizer_step();
+  // Every gather after_optimizer_step() left in flight, finished (before anything reads the params whole:
+  // a checkpoint; full_values() and replicated_checksum() wait themselves).
+  void wait_gathers();
   // Evaluation and generation materialize in another order: no prefetch meanwhile.
   void set_prefetch_enabled(bool on);
 
@@ -100,6 +109,7 @@ class DataParallel {
 
   Communicator& comm_;
   at::ScalarType reduce_;
+  bool defer_gathers_;
   std::vector<ShardedParam*> params_;
   std::vector<Bucket> buckets_;
   std::map<const ShardedParam*, int> bucket_of_;

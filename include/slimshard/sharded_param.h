@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace slimshard {
 
 class ShardedParam;
+class Work;  // comm.h
 
 // slim: replicated like ddp, but gradients stay local; Slim-DP (src/slim) synchronises the weights lightly.
 // hsdp / hsdp2: hybrid sharding (PyTorch's HYBRID_SHARD, ZeRO++'s hpZ): zero3 / zero2 among the ranks of one
@@ -160,6 +162,11 @@ class ShardedParam {
   at::Tensor owned_working() { return flat_.slice(0, shard_offset_, shard_offset_ + shard_numel_); }
   // zero3: what this rank contributes to a gather (the working copy of its shard).
   at::Tensor gather_source() const { return work_shard_.defined() ? work_shard_ : master_; }
+  // zero1/zero2/hsdp2: the all-gather of the updated slices, left running into the next forward
+  // (DataParallel::after_optimizer_step): whatever reads the full param first waits for it — materialize(),
+  // replicated_value(), full_value() — so the gathers cross the link while the forward before it computes.
+  void set_pending_gather(std::shared_ptr<Work> w) { pending_gather_ = std::move(w); }
+  void wait_gather() const;
   // After the masters changed (an optimizer step, a loaded checkpoint, a Slim-DP round): the working copy
   // takes their value. zero1/zero2: this rank's slice only (the caller all-gathers the rest). No-op when the
   // working copy is the master.
@@ -208,6 +215,7 @@ class ShardedParam {
   std::function<void(ShardedParam&)> on_grad_ready_;
   ParamGatherer* gatherer_ = nullptr;
   at::Tensor kept_;  // gathered in a recomputed forward, for the backward after it (KeptGathers)
+  mutable std::shared_ptr<Work> pending_gather_;  // set_pending_gather()
   friend class KeptGathers;
 };
 

@@ -24,8 +24,9 @@ struct TrainOptions {
   // The same strategy for every op (osdp: profiled, searched under mem_limit), unless plan_file is set.
   std::string strategy = "ddp";
   std::string plan_file;
-  std::string profile;  // osdp: plan from this profile instead of profiling first
-  int prefetch = 1;     // zero3: all-gathers issued ahead
+  std::string profile;        // osdp: plan from this profile instead of profiling first
+  int prefetch = 1;           // zero3: all-gathers issued ahead
+  bool defer_gathers = true;  // zero1/zero2/hsdp2: the gathers after a step run into the next forward
   int64_t steps = 300;
   int64_t batch_size = 16;  // global, rows (sequences or images)
   int64_t micro_batch = 0;  // rows per forward/backward on one rank; 0 = the whole per-rank slice

@@ -167,6 +167,11 @@ void add_train_flags(CLI::App* sub, TrainFlags& flags) {
                   "zero3: all-gathers issued this many params ahead (0 = on demand)")
       ->capture_default_str()
       ->check(integer(0, 64));
+  sub->add_flag(
+      "!--no-defer-gathers", train.defer_gathers,
+      "zero1/zero2/hsdp2: the step waits for the all-gathers of the updated shards (by default they "
+      "run on into the next forward, each waited for where it is first used; the cost model "
+      "assumes that)");
   sub->add_option("--steps", train.steps, "optimizer steps")
       ->capture_default_str()
       ->check(integer(1, 1000000000000));

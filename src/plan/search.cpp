@@ -284,7 +284,7 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
 // round changed, and the descent stops after a round that takes none. It never makes a plan slower or one
 // that does not fit. A move is simulated only if the moments far from it (where its transients
 // cannot reach; memory_estimate.cpp) leave room for its persistent bytes: with a tight budget most cannot.
-SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult best) {
+SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult best, bool with_repair = false) {
   if (!best.fits || o.mem_limit <= 0) return best;
   const int64_t micro = best.cost.micro_batch;
   const size_t n = m.ops().size();
@@ -409,7 +409,7 @@ SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult be
       touched[i] = touched[last] = moved = true;
       refresh();
     }
-    if (!moved) moved = repair(moves, touched);
+    if (!moved && with_repair) moved = repair(moves, touched);
     if (!moved) break;
   }
   return best;
@@ -458,6 +458,8 @@ SearchResult better_of_both(const CostModel& m, const SearchOptions& o, SearchFn
       start.fits = start.cost.peak_bytes <= o.mem_limit;
       keep_if_better(descend(m, o, std::move(start)), o, best);
     }
+  // The repair (dear: a cover and simulations per stuck move) once, from the best of all starts.
+  best = descend(m, o, std::move(best), /*repair=*/true);
   if (best.fits) best.explanation.clear();
   return best;
 }

@@ -24,7 +24,7 @@ std::string block_of(const std::string& param) {
 
 DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params,
                            const std::vector<Strategy>& strategies, const Options& o)
-    : comm_(comm), reduce_(o.precision.reduce), params_(std::move(params)) {
+    : comm_(comm), reduce_(o.precision.reduce), defer_gathers_(o.defer_gathers), params_(std::move(params)) {
   if (strategies.size() != params_.size()) throw std::logic_error("DataParallel: one strategy per param");
   // Rank 0's initial weights, everywhere; then each rank keeps what its strategy says.
   std::vector<WorkPtr> works;
@@ -250,6 +250,9 @@ void DataParallel::launch_ready_buckets() {
 }
 
 void DataParallel::end_backward(bool last) {
+  // A param the forward did not use (or that ran no forward) still has its gather from the last step in
+  // flight: the optimizer must not write its slice under it.
+  if (last) wait_gathers();
   if (prefetcher_) prefetcher_->end_pass();
   // Groups some of whose params produced no gradient (unused) go now, in order, the same on every rank.
   for (size_t g = 0; g < groups_.size(); ++g) flush_group(g);
@@ -287,19 +290,34 @@ double DataParallel::grad_sq_sum() {
 }
 
 void DataParallel::after_optimizer_step() {
-  std::vector<WorkPtr> works;
+  // In the params' order, which is the forward's, a fused group at its first member's place: the next forward
+  // waits for each in the order they go out. Each working copy is refreshed just before its gather.
+  std::vector<bool> issued(groups_.size(), false);
   for (ShardedParam* p : params_) {
-    p->refresh_working();
-    if (gathers_after_step(p->strategy()) && !group_of_.count(p))
-      works.push_back(comm_.all_gather(p->flat_param(), p->owned_working(), {}, shard_group(p->strategy())));
-  }
-  for (const auto& members : groups_) {
-    if (!gathers_after_step(members.front()->strategy())) continue;
+    const auto g = gathers_after_step(p->strategy()) ? group_of_.find(p) : group_of_.end();
+    if (g == group_of_.end()) {
+      p->refresh_working();
+      if (gathers_after_step(p->strategy()))
+        p->set_pending_gather(
+            comm_.all_gather(p->flat_param(), p->owned_working(), {}, shard_group(p->strategy())));
+      continue;
+    }
+    if (issued[g->second]) continue;
+    issued[g->second] = true;
+    const std::vector<ShardedParam*>& members = groups_[g->second];
     std::vector<at::Tensor> outs, ins;
-    for (ShardedParam* p : members) outs.push_back(p->flat_param()), ins.push_back(p->owned_working());
-    works.push_back(comm_.all_gather_coalesced(outs, ins, shard_group(members.front()->strategy())));
+    for (ShardedParam* q : members) {
+      q->refresh_working();
+      outs.push_back(q->flat_param()), ins.push_back(q->owned_working());
+    }
+    const WorkPtr w = comm_.all_gather_coalesced(outs, ins, shard_group(p->strategy()));
+    for (ShardedParam* q : members) q->set_pending_gather(w);
   }
-  for (auto& w : works) w->wait();
+  if (!defer_gathers_) wait_gathers();
+}
+
+void DataParallel::wait_gathers() {
+  for (ShardedParam* p : params_) p->wait_gather();
 }
 
 DataParallel::PrefetchStats DataParallel::prefetch_stats() const {
@@ -321,6 +339,7 @@ void DataParallel::set_prefetch_enabled(bool on) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> DataParallel::full_values() {
+  wait_gathers();
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (ShardedParam* p : params_) {
     if (p->has_full_master()) {
@@ -335,6 +354,7 @@ std::vector<std::pair<std::string, at::Tensor>> DataParallel::full_values() {
 }
 
 int64_t DataParallel::replicated_checksum() {
+  wait_gathers();
   uint64_t h = kFnvOffset;
   for (ShardedParam* p : params_) {
     const at::Tensor v = p->replicated_value();

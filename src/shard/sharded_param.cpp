@@ -4,6 +4,7 @@
 
 #include <ATen/Parallel.h>
 
+#include "slimshard/comm.h"
 #include "slimshard/common.h"
 
 namespace slimshard {
@@ -128,7 +129,15 @@ void ShardedParam::refresh_working() {
   if (gathers_after_step(strategy_) && mixed()) owned_working().copy_(master_);
 }
 
+void ShardedParam::wait_gather() const {
+  if (!pending_gather_) return;
+  const std::shared_ptr<Work> w = std::move(pending_gather_);
+  pending_gather_.reset();
+  w->wait();
+}
+
 at::Tensor ShardedParam::replicated_value() const {
+  wait_gather();
   if (is_replicated(strategy_) || gathers_after_step(strategy_)) return full_;
   return at::Tensor();
 }
@@ -152,6 +161,7 @@ KeptGathers::~KeptGathers() {
 }
 
 at::Tensor ShardedParam::materialize() {
+  wait_gather();
   if (!gathers_on_use(strategy_)) return work_full_.defined() ? work_full_ : full_;
   if (!gatherer_) throw std::logic_error("zero3 param " + name_ + " has no gatherer");
   if (kept_.defined()) return kept_.slice(0, 0, numel_).view(shape_);
@@ -198,6 +208,7 @@ void ShardedParam::zero_grad() {
 at::Tensor ShardedParam::full_value() {
   if (!has_full_master())
     throw std::logic_error("full_value of sharded param " + name_ + " needs a gather of the masters");
+  wait_gather();
   return full_.clone();
 }
 

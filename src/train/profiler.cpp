@@ -93,7 +93,7 @@ Profile profile_training(const ModelConfig& model, const std::vector<int64_t>& m
 std::vector<std::vector<double>> time_plans(const TrainOptions& o,
                                             const std::vector<PlanCandidate>& candidates, int64_t local,
                                             Communicator& comm) {
-  const DataParallel::Options dp_opts{o.bucket_bytes, o.prefetch, o.precision, o.fuse_bytes};
+  const DataParallel::Options dp_opts{o.bucket_bytes, o.prefetch, o.precision, o.fuse_bytes, o.defer_gathers};
   nlohmann::json times = nlohmann::json::array();
   for (const PlanCandidate& c : candidates) {
     const int64_t micro = c.plan.micro_batch > 0 ? c.plan.micro_batch : local;

@@ -267,7 +267,7 @@ void Trainer::build() {
   params_ = model_->params().all();
   dp_ = std::make_unique<DataParallel>(
       comm_, params_, strategies_,
-      DataParallel::Options{o_.bucket_bytes, o_.prefetch, o_.precision, o_.fuse_bytes});
+      DataParallel::Options{o_.bucket_bytes, o_.prefetch, o_.precision, o_.fuse_bytes, o_.defer_gathers});
   std::vector<ShardedParam*> slim_params;
   for (ShardedParam* p : params_)
     if (p->strategy() == Strategy::slim) slim_params.push_back(p);
@@ -308,6 +308,7 @@ void Trainer::save(int64_t steps, const StopPolicy& policy) {
                 {"seed", o_.seed}, {"data_position", steps},     {"global_batch", o_.batch_size}};
   if (slim_) meta.state["slim"] = slim_->state_json();
   const auto t0 = Clock::now();
+  dp_->wait_gathers();  // the checkpoint reads the masters, slices of the params being gathered (fp32)
   last_ckpt_ =
       save_checkpoint(comm_, o_.ckpt_dir, meta, pieces(true), o_.keep_last, policy.inside_save(steps));
   if (rank_ == 0) std::fprintf(stderr, "checkpoint: %s (%.2f s)\n", last_ckpt_.c_str(), seconds_since(t0));
