@@ -669,9 +669,10 @@ TEST(Planner, BenchKeepsItsProfileAndTheTrainedPlan) {
 // MLP's and CNN's profiles, on one host and on two with a dear link between them, at five budgets from just
 // above uniform zero3 to halfway to ddp. The rule alone (loads in uniform neighbourhoods) found it on 111 of
 // the 160, 18 of them more than 2 % slower, 52.5 % at worst (a micro-batch where the rule admitted nothing
-// that fits); with the descent, 158 of 160, 1.9 % slower at worst. Once zero1/zero2's gathers after the step
-// hid under the next forward (2026-12-07), the descent stuck 4.35 % short on one (cnn, seed 3, one host:
-// fc1's better choice needed room from three other ops); with its repair, 159 of 160, 1.85 % at worst.
+// that fits); with the descent, 158 of 160, 1.9 % slower at worst. A cost model that charged zero1/zero2's
+// gathers after the step as hidden under each op's next forward (tried 2026-12-07) left the descent 4.35 %
+// short on one (cnn, seed 3, one host: fc1's better choice needed room from three other ops); the repair
+// closes it (159 of 160, 1.85 % at worst there; 158 of 160, 1.87 % with the model as it is).
 TEST(Planner, SearchFindsTheSimulationsBestOnMixedPlans) {
   const ModelConfig mlp = ModelConfig::preset_config("mlp"), cnn = ModelConfig::preset_config("cnn");
   int total = 0, exact = 0;

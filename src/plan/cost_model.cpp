@@ -5,8 +5,9 @@
 //             reduce-scatter, and on the last micro-batch only zero1's reduce-scatter or DDP's share of its
 //             bucket's all-reduce
 //   overlap   max(C + (f-1)·min(C, M), M): compute slows by the measured factor f while communication runs
-//   after     zero1/zero2 all-gather the updated slices, under the next step's first forward of the op (the
-//             engine lets them run into it); the optimizer over the owned elements
+//   after     zero1/zero2 all-gather the updated slices, charged whole: the engine lets them run into the next
+//             forward, but they queue on one link, and charged as hidden under each op's own forward the
+//             model over-credited it (docs/cluster.md); the optimizer over the owned elements
 #include "slimshard/cost_model.h"
 
 #include <algorithm>
@@ -386,13 +387,13 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
       break;
     case Strategy::zero1:
       backward_last = overlap(bwd, t_rs, f);
-      after = overlap(fwd, t_ag, f) - fwd;
+      after = t_ag;
       break;
     case Strategy::zero2:
     case Strategy::hsdp2:
       backward_mid = overlap(bwd, t_rs, f);
       backward_last = overlap(bwd, t_rs + t_peers, f);
-      after = overlap(fwd, t_ag, f) - fwd;
+      after = t_ag;
       break;
     case Strategy::zero3:
     case Strategy::hsdp:
