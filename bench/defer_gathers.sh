@@ -4,13 +4,14 @@
 # HOSTS x RANKS hosts of this machine (scripts/cluster.sh) with links shaped to LINK; gpt-25m, global batch
 # BATCH, STEPS steps. Prints per run tokens/s, the median step and its phases (forward, backward, after the
 # optimizer), the peak; then per plan the medians and deferred / waiting. Needs root.
-# PLANS: plan files (default: bench-out/defer/*.json, e.g. the hybrid bench's plans and osdp's).
+# PLANS: plan files (default: bench-out/defer/*.json, e.g. the hybrid bench's plans and osdp's); MODES: either
+# or both of deferred, waiting.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${BIN:-$here/build/slimshard}
 out=${OUT:-$here/bench-out/defer}
 link=${LINK:-100mbit} hosts=${HOSTS:-2} ranks=${RANKS:-2} batch=${BATCH:-16} steps=${STEPS:-6}
-rounds=${ROUNDS:-2} model=${MODEL:-gpt-25m}
+rounds=${ROUNDS:-2} model=${MODEL:-gpt-25m} modes=${MODES:-deferred waiting}
 [ -x "$bin" ] || { echo "build first: make build" >&2; exit 2; }
 if [ -n "${PLANS:-}" ]; then read -r -a plans <<<"$PLANS"; else plans=("$out"/*.json); fi
 [ -e "${plans[0]}" ] || plans=()
@@ -18,7 +19,7 @@ if [ -n "${PLANS:-}" ]; then read -r -a plans <<<"$PLANS"; else plans=("$out"/*.
 "$here/scripts/cluster.sh" check
 mkdir -p "$out/runs"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-name=ssdefer
+name=ss7
 trap '"$here/scripts/cluster.sh" down --name $name >/dev/null' EXIT
 "$here/scripts/cluster.sh" up --name $name --hosts "$hosts" --ranks-per-host "$ranks" --link "$link" >/dev/null
 flags=$(cat "${SLIMSHARD_CLUSTER_DIR:-/tmp}/slimshard-cluster-$name/mpirun-flags")
@@ -26,7 +27,7 @@ echo "machine: $(nproc --all) cores; $(date -u +%F); $hosts hosts x $ranks ranks
   tee "$out/defer.txt"
 for round in $(seq "$rounds"); do
   for plan in "${plans[@]}"; do
-    for mode in deferred waiting; do
+    for mode in $modes; do
       extra=""
       [ "$mode" = waiting ] && extra="--no-defer-gathers"
       m="$out/runs/$(basename "$plan" .json)-$mode-$round.jsonl"
