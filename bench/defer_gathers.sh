@@ -16,13 +16,10 @@ rounds=${ROUNDS:-2} model=${MODEL:-gpt-25m} modes=${MODES:-deferred waiting}
 if [ -n "${PLANS:-}" ]; then read -r -a plans <<<"$PLANS"; else plans=("$out"/*.json); fi
 [ -e "${plans[0]}" ] || plans=()
 [ ${#plans[@]} -gt 0 ] || { echo "no plan files (PLANS, or $out/*.json)" >&2; exit 2; }
-"$here/scripts/cluster.sh" check
+# shellcheck source=bench/cluster_up.sh
+. "$here/bench/cluster_up.sh"
 mkdir -p "$out/runs"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-name=ss7
-trap '"$here/scripts/cluster.sh" down --name $name >/dev/null' EXIT
-"$here/scripts/cluster.sh" up --name $name --hosts "$hosts" --ranks-per-host "$ranks" --link "$link" >/dev/null
-flags=$(cat "${SLIMSHARD_CLUSTER_DIR:-/tmp}/slimshard-cluster-$name/mpirun-flags")
+cluster_up ss7 "$hosts" "$ranks" "$link"
 echo "machine: $(nproc --all) cores; $(date -u +%F); $hosts hosts x $ranks ranks, link $link, $model, batch $batch" |
   tee "$out/defer.txt"
 for round in $(seq "$rounds"); do

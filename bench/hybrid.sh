@@ -16,13 +16,10 @@ out=${OUT:-$here/bench-out/hybrid}
 link=${LINK:-100mbit} hosts=${HOSTS:-2} ranks=${RANKS:-2} batch=${BATCH:-16} limit=${LIMIT:-450MiB}
 steps=${STEPS:-6} model=${MODEL:-gpt-25m}
 [ -x "$bin" ] || { echo "build first: make build" >&2; exit 2; }
-"$here/scripts/cluster.sh" check
+# shellcheck source=bench/cluster_up.sh
+. "$here/bench/cluster_up.sh"
 mkdir -p "$out"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-name=ss8
-trap '"$here/scripts/cluster.sh" down --name $name >/dev/null' EXIT
-"$here/scripts/cluster.sh" up --name $name --hosts "$hosts" --ranks-per-host "$ranks" --link "$link" >/dev/null
-flags=$(cat "${SLIMSHARD_CLUSTER_DIR:-/tmp}/slimshard-cluster-$name/mpirun-flags")
+cluster_up ss8 "$hosts" "$ranks" "$link"
 entries="ddp,zero3"
 for s in zero1 zero2 hsdp hsdp2; do
   printf '{"micro_batch": 2, "ops": {"*": {"strategy": "%s"}}}\n' "$s" >"$out/$s-mb2.json"
