@@ -31,6 +31,9 @@ constexpr int kTightenings = 4;
 // The descent's repair (`descend`): how many stuck moves it tries per round, and the steps of its cover.
 constexpr int kRepairMoves = 16;
 constexpr int kRepairUnits = 64;
+// ... and the least it must save, as a fraction of the step: below it each repair bought ~1e-6 of a 96 × 1536
+// step and the descent's next round cost 0.6 s, 23 times over (the search took twice as long for nothing).
+constexpr double kRepairMinGain = 5e-4;
 
 struct Candidate {
   std::vector<std::vector<ChoiceCost>> per_op;  // every op's choices, costed at one micro-batch
@@ -284,7 +287,8 @@ std::string explain(const CostModel& m, const SearchOptions& o) {
 // round changed, and the descent stops after a round that takes none. It never makes a plan slower or one
 // that does not fit. A move is simulated only if the moments far from it (where its transients
 // cannot reach; memory_estimate.cpp) leave room for its persistent bytes: with a tight budget most cannot.
-SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult best, bool with_repair = false) {
+SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult best,
+                     bool with_repair = false) {
   if (!best.fits || o.mem_limit <= 0) return best;
   const int64_t micro = best.cost.micro_batch;
   const size_t n = m.ops().size();
@@ -318,8 +322,10 @@ SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult be
   // time; where the simulation finds the plan still over, by what it is over, again (kTightenings).
   // (A move two adjacent ops cannot make: the room it needs is spread over ops anywhere in the model.)
   const auto repair = [&](const std::vector<Move>& moves, const std::vector<bool>& touched) {
+    const double min_gain = kRepairMinGain * best.cost.step_ms;
     int tried = 0;
     for (const Move& mv : moves) {
+      if (mv.gain < min_gain) break;  // moves are in order of gain
       if (mv.second >= 0 || touched[mv.op] || ++tried > kRepairMoves) continue;
       std::map<std::string, OpChoice> moved = best.choices;
       moved[m.ops()[mv.op].name] = per_op[mv.op][static_cast<size_t>(mv.first)].choice;
@@ -349,7 +355,7 @@ SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult be
                 least[j + 1][to] = loss, pick[j + 1][to] = static_cast<int>(c), from[j + 1][to] = k;
             }
           }
-        if (least[n][kRepairUnits] >= mv.gain) break;
+        if (least[n][kRepairUnits] > mv.gain - min_gain) break;
         std::map<std::string, OpChoice> next = moved;
         for (size_t j = n, k = kRepairUnits; j > 0; --j) {
           if (pick[j][k] >= 0)
@@ -358,7 +364,7 @@ SearchResult descend(const CostModel& m, const SearchOptions& o, SearchResult be
         }
         const PlanCost c = m.evaluate(next, micro);
         over = c.peak_bytes - o.mem_limit;
-        if (over > 0 || c.step_ms >= best.cost.step_ms) continue;
+        if (over > 0 || c.step_ms > best.cost.step_ms - min_gain) continue;
         best.choices = std::move(next), best.cost = c;
         refresh();
         return true;
