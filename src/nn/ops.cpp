@@ -108,7 +108,7 @@ void add_mm_grad(ShardedParam* p, const at::Tensor& a, const at::Tensor& b) {
     add_widening(g, at::mm(a, b));
 }
 
-// A bias gradient: the sum over rows, accumulated in fp32 even when the rows are bf16.
+// A convolution's bias gradient: the sum over rows, in fp32 even when the rows are bf16.
 at::Tensor sum_rows(const at::Tensor& dy, at::IntArrayRef dims) {
   return dy.scalar_type() == at::kBFloat16 ? at::sum(dy, dims, false, at::kFloat) : dy.sum(dims);
 }
@@ -268,7 +268,10 @@ at::Tensor Linear::backward_impl(AutogradContext* ctx, const at::Tensor& dy) {
     add_mm_grad(wp, dyj.t(), x2);
     wp->release();  // the gathered weight goes now, not after the bias's reduction below
     wp->grad_ready();
-    if (!b_.empty()) accumulate(b_[static_cast<size_t>(j)], sum_rows(dyj, {0}));
+    // In bf16 the bias gradient is LibTorch's bf16 sum (fp32 inside, the result rounded to bf16, as under
+    // torch.autocast) and accumulated in fp32: 3x faster than summing in fp32, which widened every row first
+    // (gpt-25m: 31 of a 513 ms step).
+    if (!b_.empty()) accumulate(b_[static_cast<size_t>(j)], dyj.sum(0));
   }
   return need_dx ? dx.view(x.sizes()) : dx;
 }
