@@ -24,8 +24,9 @@ class Optimizer {
   explicit Optimizer(OptimConfig c);
   // Allocates the state of every param (zeros), so that it is sized once at start.
   void init_state(const std::vector<ShardedParam*>& params);
-  // Updates each param's owned slice with its owned gradient slice. Same math as torch.optim.AdamW / SGD.
-  void step(const std::vector<ShardedParam*>& params, double lr);
+  // Updates each param's owned slice with its owned gradient slice times grad_scale (the clipping's factor:
+  // in AdamW's one pass, not a pass of its own). Same math as scaling, then torch.optim.AdamW / SGD.
+  void step(const std::vector<ShardedParam*>& params, double lr, double grad_scale = 1.0);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
   const OptimConfig& config() const { return c_; }
@@ -47,6 +48,5 @@ struct LrSchedule {
 
 // Sum of squares of the gradient slices this rank owns (the caller sums it across ranks where sharded).
 double grad_sq_sum(const std::vector<ShardedParam*>& params);
-void scale_grads(const std::vector<ShardedParam*>& params, double factor);
 
 }  // namespace slimshard

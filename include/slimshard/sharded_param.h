@@ -171,6 +171,15 @@ class ShardedParam {
   // takes their value. zero1/zero2: this rank's slice only (the caller all-gathers the rest). No-op when the
   // working copy is the master.
   void refresh_working();
+  // Mixed precision: the part of the working copy that mirrors master() element for element (ddp: the full
+  // copy; zero3/hsdp: the shard's; zero1/zero2/hsdp2: this rank's slice of the full param), for an optimizer
+  // that writes it in the pass that updates the masters and then calls working_written(): the next
+  // refresh_working() has nothing to copy. Undefined in fp32, and for slim (its round moves the masters after
+  // the optimizer).
+  at::Tensor working_of_master();
+  void working_written() { working_written_ = true; }
+  // The optimizer zeroed grad() in its pass: the next zero_grad() need not.
+  void grad_zeroed() { grad_zeroed_ = true; }
   // The full param as every rank holds it (ddp/slim: the master; zero1/zero2: the full working param), for
   // checksums of whether ranks agree; undefined for zero3 (sharded).
   at::Tensor replicated_value() const;
@@ -212,6 +221,7 @@ class ShardedParam {
   at::Tensor grad_full_;   // logical-shape view of grad_flat_
   at::Tensor grad_;        // owned gradient slice (ddp: the bucket view; zero: own storage)
   std::map<std::string, at::Tensor> optim_state_;
+  bool working_written_ = false, grad_zeroed_ = false;  // by the optimizer's pass (above)
   std::function<void(ShardedParam&)> on_grad_ready_;
   ParamGatherer* gatherer_ = nullptr;
   at::Tensor kept_;  // gathered in a recomputed forward, for the backward after it (KeptGathers)

@@ -6,20 +6,52 @@
 #include "adamw_kernel.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace slimshard {
+namespace {
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void adamw_update(float* w, const float* g,
-                                                                               float* m, float* v, int64_t n,
-                                                                               const AdamWScalars& s) {
-  const AdamWScalars c = s;  // locals: no aliasing with the arrays
+// fp32 → bf16 bits, rounded to nearest even; NaN stays NaN (c10::BFloat16's conversion).
+__attribute__((always_inline)) inline uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return f != f ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
+}
+
+// The loop, with the two extras fixed at compile time so that each variant vectorizes on its own.
+template <bool kWorking, bool kZeroGrad>
+__attribute__((always_inline)) inline void update(float* w, float* g, float* m, float* v, int64_t n,
+                                                  const AdamWScalars& c, uint16_t* working) {
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
+    // Separate products and sums, as LibTorch's ops (the file is built without contraction: CMakeLists.txt);
+    // its add_ with alpha is a fused multiply-add, not used here: without FMA in every variant the loops do
+    // not vectorize. So m, and through it w, can differ from LibTorch's in the last bit.
+    const float gi = g[i] * c.grad_scale;
     const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
     const float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
     m[i] = mi, v[i] = vi;
-    w[i] = w[i] * c.keep + c.step * (mi / (std::sqrt(vi) / c.sqrt_bc2 + c.eps));
+    const float wi = w[i] * c.keep + c.step * mi / (std::sqrt(vi) / c.sqrt_bc2 + c.eps);
+    w[i] = wi;
+    if (kWorking) working[i] = bf16_bits(wi);
+    if (kZeroGrad) g[i] = 0.0f;
   }
+}
+
+}  // namespace
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void adamw_update(float* w, float* g, float* m,
+                                                                               float* v, int64_t n,
+                                                                               const AdamWScalars& s,
+                                                                               uint16_t* working,
+                                                                               bool zero_grad) {
+  const AdamWScalars c = s;  // locals: no aliasing with the arrays
+  if (working)
+    zero_grad ? update<true, true>(w, g, m, v, n, c, working)
+              : update<true, false>(w, g, m, v, n, c, working);
+  else
+    zero_grad ? update<false, true>(w, g, m, v, n, c, nullptr)
+              : update<false, false>(w, g, m, v, n, c, nullptr);
 }
 
 }  // namespace slimshard

@@ -31,7 +31,7 @@ void Optimizer::init_state(const std::vector<ShardedParam*>& params) {
     }
 }
 
-void Optimizer::step(const std::vector<ShardedParam*>& params, double lr) {
+void Optimizer::step(const std::vector<ShardedParam*>& params, double lr, double grad_scale) {
   at::NoGradGuard no_grad;
   ++t_;
   if (c_.name == "adamw") {
@@ -53,11 +53,19 @@ void Optimizer::step(const std::vector<ShardedParam*>& params, double lr) {
                              decays ? static_cast<float>(1.0 - lr * c_.weight_decay) : 1.0f,
                              static_cast<float>(-lr / bc1),
                              static_cast<float>(std::sqrt(bc2)),
-                             static_cast<float>(c_.eps)};
+                             static_cast<float>(c_.eps),
+                             static_cast<float>(grad_scale)};
+        // The bf16 working copy and the zeroed gradient in the same pass (adamw_kernel.h).
+        const at::Tensor work = p->working_of_master();
+        const bool writes_working = work.defined() && work.scalar_type() == at::kBFloat16 &&
+                                    work.is_contiguous() && work.numel() == w.numel();
         adamw_update(w.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
-                     w.numel(), k);
+                     w.numel(), k, writes_working ? static_cast<uint16_t*>(work.data_ptr()) : nullptr, true);
+        if (writes_working) p->working_written();
+        p->grad_zeroed();
         continue;
       }
+      if (grad_scale != 1.0) g.mul_(grad_scale);
       m.mul_(c_.beta1).add_(g, 1.0 - c_.beta1);
       v.mul_(c_.beta2).addcmul_(g, g, 1.0 - c_.beta2);
       if (p->decay() && c_.weight_decay != 0) w.mul_(1.0 - lr * c_.weight_decay);
@@ -77,6 +85,7 @@ void Optimizer::step(const std::vector<ShardedParam*>& params, double lr) {
   }
   for (ShardedParam* p : params) {
     at::Tensor w = p->master(), g = p->grad();
+    if (grad_scale != 1.0) g.mul_(grad_scale);
     if (p->decay() && c_.weight_decay != 0) g = g.add(w, c_.weight_decay);
     if (c_.momentum != 0) {
       auto& buf = p->optim_state()["momentum"];
@@ -106,10 +115,6 @@ double grad_sq_sum(const std::vector<ShardedParam*>& params) {
     s += g.dot(g).item<double>();
   }
   return s;
-}
-
-void scale_grads(const std::vector<ShardedParam*>& params, double factor) {
-  for (ShardedParam* p : params) p->grad().mul_(factor);
 }
 
 }  // namespace slimshard

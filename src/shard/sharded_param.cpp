@@ -123,6 +123,10 @@ void ShardedParam::shard(Strategy s, int rank, int world, at::ScalarType compute
 }
 
 void ShardedParam::refresh_working() {
+  if (working_written_) {
+    working_written_ = false;
+    return;
+  }
   at::NoGradGuard no_grad;
   if (work_full_.defined()) work_full_.copy_(full_);
   if (work_shard_.defined()) work_shard_.copy_(master_);
@@ -200,8 +204,17 @@ at::Tensor ShardedParam::take_full_grad_flat() {
   return g;
 }
 
+at::Tensor ShardedParam::working_of_master() {
+  if (!mixed() || strategy_ == Strategy::slim) return at::Tensor();
+  if (work_full_.defined()) return work_full_.view({-1});  // ddp: master_ is all of flat_
+  if (work_shard_.defined()) return work_shard_;
+  if (gathers_after_step(strategy_)) return owned_working();
+  return at::Tensor();
+}
+
 void ShardedParam::zero_grad() {
-  if (grad_.defined()) grad_.zero_();
+  if (grad_.defined() && !grad_zeroed_) grad_.zero_();
+  grad_zeroed_ = false;
   if (strategy_ == Strategy::zero1) grad_flat_.zero_();
 }
 

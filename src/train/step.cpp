@@ -60,8 +60,7 @@ StepResult TrainStep::run(int64_t step, int64_t accum, const std::function<Batch
   {
     memory::PhaseScope phase(memory::Phase::optimizer);
     r.grad_norm = std::sqrt(dp_.grad_sq_sum());
-    if (clip > 0 && r.grad_norm > clip) scale_grads(params_, clip / (r.grad_norm + 1e-6));
-    optim_.step(params_, lr);
+    optim_.step(params_, lr, clip > 0 && r.grad_norm > clip ? clip / (r.grad_norm + 1e-6) : 1.0);
   }
   split(r.times.optimizer);
   {
