@@ -87,6 +87,7 @@ void ShardedParam::set_value(const at::Tensor& full) {
 void ShardedParam::shard(Strategy s, int rank, int world, at::ScalarType compute) {
   at::NoGradGuard no_grad;
   strategy_ = s;
+  working_written_ = grad_zeroed_ = false;  // of the layout before, if any
   // Tests run ops in fp64: a param whose master is not fp32 computes in its own dtype.
   compute_ = master_.scalar_type() == at::kFloat ? compute : master_.scalar_type();
   const bool mixed = compute_ != master_.scalar_type();
