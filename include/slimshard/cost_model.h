@@ -114,6 +114,12 @@ class CostModel {
     m.o_.recompute = Recompute::none;
     return m;
   }
+  // The same model with hybrid sharding not among the choices (--no-hybrid; caches kept).
+  CostModel without_hybrid() const {
+    CostModel m = *this;
+    m.o_.allow_hybrid = false;
+    return m;
+  }
   // Takes the transient simulations `other` (the same model, another --recompute) has run.
   void adopt_caches(const CostModel& other) const {
     transients_.insert(other.transients_.begin(), other.transients_.end());
