@@ -19,8 +19,8 @@ __attribute__((always_inline)) inline uint16_t bf16_bits(float f) {
   return f != f ? uint16_t{0x7fc0} : static_cast<uint16_t>(rounded);
 }
 
-// The loop, with the two extras fixed at compile time so that each variant vectorizes on its own.
-template <bool kWorking, bool kZeroGrad>
+// The loop, with the working copy fixed at compile time so that each variant vectorizes on its own.
+template <bool kWorking>
 __attribute__((always_inline)) inline void update(float* w, float* g, float* m, float* v, int64_t n,
                                                   const AdamWScalars& c, uint16_t* working) {
   for (int64_t i = 0; i < n; ++i) {
@@ -34,7 +34,7 @@ __attribute__((always_inline)) inline void update(float* w, float* g, float* m, 
     const float wi = w[i] * c.keep + c.step * mi / (std::sqrt(vi) / c.sqrt_bc2 + c.eps);
     w[i] = wi;
     if (kWorking) working[i] = bf16_bits(wi);
-    if (kZeroGrad) g[i] = 0.0f;
+    g[i] = 0.0f;
   }
 }
 
@@ -43,15 +43,12 @@ __attribute__((always_inline)) inline void update(float* w, float* g, float* m, 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void adamw_update(float* w, float* g, float* m,
                                                                                float* v, int64_t n,
                                                                                const AdamWScalars& s,
-                                                                               uint16_t* working,
-                                                                               bool zero_grad) {
+                                                                               uint16_t* working) {
   const AdamWScalars c = s;  // locals: no aliasing with the arrays
   if (working)
-    zero_grad ? update<true, true>(w, g, m, v, n, c, working)
-              : update<true, false>(w, g, m, v, n, c, working);
+    update<true>(w, g, m, v, n, c, working);
   else
-    zero_grad ? update<false, true>(w, g, m, v, n, c, nullptr)
-              : update<false, false>(w, g, m, v, n, c, nullptr);
+    update<false>(w, g, m, v, n, c, nullptr);
 }
 
 }  // namespace slimshard

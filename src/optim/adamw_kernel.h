@@ -10,10 +10,10 @@ namespace slimshard {
 struct AdamWScalars {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, keep, step, sqrt_bc2, eps, grad_scale;
 };
-// In the same pass, when given: `working` (bf16 bits) takes the new w rounded to nearest even, as LibTorch's
-// fp32 → bf16 copy does (mixed precision's working copy), and `zero_grad` leaves g zeroed for the next step —
-// each a pass over memory of its own otherwise (gpt-25m in bf16: 16 and 12 ms of a 480 ms step on one rank).
-void adamw_update(float* w, float* g, float* m, float* v, int64_t n, const AdamWScalars& s, uint16_t* working,
-                  bool zero_grad);
+// In the same pass: g is left zeroed for the next step and, when given, `working` (bf16 bits) takes the new w
+// rounded to nearest even, as LibTorch's fp32 → bf16 copy does (mixed precision's working copy) — each a pass
+// over memory of its own otherwise (gpt-25m in bf16: 12 and 16 ms of a 480 ms step on one rank).
+void adamw_update(float* w, float* g, float* m, float* v, int64_t n, const AdamWScalars& s,
+                  uint16_t* working);
 
 }  // namespace slimshard

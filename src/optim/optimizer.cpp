@@ -57,11 +57,12 @@ void Optimizer::step(const std::vector<ShardedParam*>& params, double lr, double
                              static_cast<float>(grad_scale)};
         // The bf16 working copy and the zeroed gradient in the same pass (adamw_kernel.h).
         const at::Tensor work = p->working_of_master();
-        const bool writes_working = work.defined() && work.scalar_type() == at::kBFloat16 &&
-                                    work.is_contiguous() && work.numel() == w.numel();
+        TORCH_INTERNAL_ASSERT(!work.defined() || (work.scalar_type() == at::kBFloat16 &&
+                                                  work.is_contiguous() && work.numel() == w.numel()),
+                              "the working copy of ", p->name(), " does not mirror its master");
         adamw_update(w.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
-                     w.numel(), k, writes_working ? static_cast<uint16_t*>(work.data_ptr()) : nullptr, true);
-        if (writes_working) p->working_written();
+                     w.numel(), k, work.defined() ? static_cast<uint16_t*>(work.data_ptr()) : nullptr);
+        if (work.defined()) p->working_written();
         p->grad_zeroed();
         continue;
       }
