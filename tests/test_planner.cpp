@@ -463,6 +463,57 @@ TEST(Planner, HybridShardingIsAChoiceAcrossHosts) {
   EXPECT_GE(hybrid_wins, 2);
 }
 
+// A param split in k pieces runs k collectives where one would do: each one more pays the latency of a
+// collective issued among busy threads (the profile's collective_overhead_ms), even where the back-to-back
+// fits have no α, unless the pieces are small enough to travel in their block's fused group. So with no
+// budget the search never splits a sharded op: splits only buy memory.
+TEST(Planner, SplitsPayALatencyPerExtraCollective) {
+  for (const bool hosts : {false, true}) {
+    Profile p = synthetic_profile(ModelConfig::preset_config("mlp"), 4, 3);
+    if (hosts) on_two_hosts(p), make_world_dear(p);
+    for (auto& [name, fit] : p.collectives) fit.alpha_ms = 0;
+    p.collective_overhead_ms = 7;
+    CostOptions o;
+    o.world = 4, o.global_batch = 16, o.fuse_bytes = 0;
+    CostOptions all_fused = o;
+    all_fused.fuse_bytes = int64_t{1} << 40;
+    // Time alone: no bytes, no optimizer, communication hidden behind nothing it does not exceed.
+    Profile latency_only = p;
+    for (auto& [name, fit] : latency_only.collectives) fit.beta_ms_per_byte = 0;
+    latency_only.optimizer_ns_per_element = 0, latency_only.overlap_slowdown = 1;
+    const CostModel m = CostModel::from_profile(latency_only, o),
+                    fused = CostModel::from_profile(latency_only, all_fused);
+    const std::string where = hosts ? "2 hosts" : "1 host";
+    int checked = 0;
+    for (size_t op = 0; op < m.ops().size(); ++op)
+      for (const OpChoice& c : m.candidates(op)) {
+        if (c.splits == 1) continue;
+        const OpChoice whole{c.strategy, 1, c.recompute};
+        const double extra = m.cost(op, c, 4).time_ms - m.cost(op, whole, 4).time_ms;
+        const double fused_extra = fused.cost(op, c, 4).time_ms - fused.cost(op, whole, 4).time_ms;
+        const std::string what = where + " " + m.ops()[op].name + " " + strategy_name(c.strategy) + " x" +
+                                 std::to_string(c.splits);
+        // zero3's gathers pay the latency per piece fused or not: it is calibrated counting every param.
+        if (c.strategy != Strategy::zero3) {
+          EXPECT_NEAR(fused_extra, 0, 1e-9) << what;
+        }
+        EXPECT_GE(extra, -1e-9) << what;
+        if (c.strategy == Strategy::zero1 || c.strategy == Strategy::zero2) {
+          // The after-step gathers alone, charged whole: k - 1 more per param.
+          const double params = static_cast<double>(m.ops()[op].param_numels.size());
+          EXPECT_GE(extra, (c.splits - 1) * 7.0 * params - 1e-9) << what;
+          ++checked;
+        }
+      }
+    EXPECT_GT(checked, 0) << where;
+    // With bytes on the links again and no budget: no sharded op is split.
+    const SearchResult r = search_plan(CostModel::from_profile(p, o), SearchOptions{});
+    ASSERT_TRUE(r.fits) << where;
+    for (const auto& [op, c] : r.choices)
+      EXPECT_TRUE(c.splits == 1 || !is_sharded(c.strategy)) << where << " " << op << " split " << c.splits;
+  }
+}
+
 TEST(Planner, ClusterSpecPlansFitAndBeatUniformZero3) {
   const std::string spec = std::string(SLIMSHARD_SOURCE_DIR) + "/examples/clusters/8xgpu-24gb-pcie3.json";
   ModelConfig cfg = ModelConfig::preset_config("gpt");

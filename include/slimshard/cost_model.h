@@ -77,7 +77,8 @@ struct CostOptions {
   // Working copies gathered in precision.compute, gradients reduced in precision.reduce; a profile taken in
   // another precision is refused.
   Precision precision;
-  // Small sharded params fused per block (DataParallel::Options::fuse_bytes), for the memory simulation.
+  // Small sharded params fused per block (DataParallel::Options::fuse_bytes): the memory simulation, and
+  // split pieces that travel fused pay no latency of their own.
   int64_t fuse_bytes = 256 << 10;
   // Ranks per host (0: all on one host). With more than one host, hsdp and hsdp2 are choices too, and every
   // collective is charged its bytes on each link (within a host, between hosts).

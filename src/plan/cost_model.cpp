@@ -5,9 +5,10 @@
 //             reduce-scatter, and on the last micro-batch only zero1's reduce-scatter or DDP's share of its
 //             bucket's all-reduce
 //   overlap   max(C + (f-1)·min(C, M), M): compute slows by the measured factor f while communication runs
-//   after     zero1/zero2 all-gather the updated slices, charged whole: the engine lets them run into the next
-//             forward, but they queue on one link, and charged as hidden under each op's own forward the
-//             model over-credited it (docs/cluster.md); the optimizer over the owned elements
+//   splits    each collective a split adds pays the busy-thread latency (unless its pieces are fused)
+//   after     zero1/zero2 all-gather the updated slices, charged whole: the engine lets them run into
+//             the next forward, but they queue on one link, and charged as hidden under each op's own
+//             forward the model over-credited it (docs/cluster.md); the optimizer over the owned elements
 #include "slimshard/cost_model.h"
 
 #include <algorithm>
@@ -335,16 +336,26 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
   const double lat = hybrid ? 0.0 : coll_overhead_;
   // Weights travel in the compute dtype, gradients in the reduce dtype.
   const double wb = o_.precision.compute_bytes(), gb = o_.precision.reduce_bytes();
+  // A split param runs k collectives where one would do. The first is in the uniform step the strategy's
+  // residual was calibrated on; each one more pays the busy-thread latency as zero3's gathers do (the fits'
+  // α, from back-to-back collectives, is ~0 across hosts: a plan with 12 ops split ran 1.15x slower than
+  // the same plan unsplit at 100 Mbit/s while the model, charging α, gave both the same step;
+  // docs/cluster.md). Pieces small enough to be fused (DataParallel) travel with their block's group.
   for (int64_t numel : p.param_numels) {
     const int64_t n = numel / c.splits;
     const double padded = static_cast<double>(padded_numel(n, ranks));
+    const bool fused = o_.fuse_bytes > 0 && 4 * n <= o_.fuse_bytes;
+    auto pieces = [&](const CollectiveFit& fit, double bytes, double latency) {
+      const double extra = fused ? 0.0 : std::max(0.0, latency - fit.alpha_ms);
+      return c.splits * fit.ms(bytes) + (c.splits - 1) * extra;
+    };
     if (multi) {
-      t_ag += c.splits * ag.ms(wb * padded);
+      t_ag += pieces(ag, wb * padded, lat);
       t_gather += c.splits * (std::max(ag.alpha_ms, lat) + ag.beta_ms_per_byte * wb * padded);
-      t_rs += c.splits * rs.ms(gb * padded);
+      t_rs += pieces(rs, gb * padded, lat);
       // Hybrid: the accumulated slice crosses hosts once per step, after the last micro-batch's
-      // reduce-scatter.
-      if (hybrid && peers) t_peers += c.splits * peers->ms(gb * padded / ranks);
+      // reduce-scatter (its pieces pay the latency calibrated on collectives that cross hosts).
+      if (hybrid && peers) t_peers += pieces(*peers, gb * padded / ranks, coll_overhead_);
       // DDP fuses gradients into buckets: bandwidth for these bytes, latency for their share of a bucket.
       const double bytes = gb * static_cast<double>(n);
       t_ar += c.splits * (ar.beta_ms_per_byte * bytes +
