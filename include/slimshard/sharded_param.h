@@ -38,6 +38,14 @@ constexpr bool frees_full_grad(Strategy s) {
 }
 // The full param exists only between materialize() and release() (zero3, hsdp).
 constexpr bool gathers_on_use(Strategy s) { return s == Strategy::zero3 || s == Strategy::hsdp; }
+// Fusion (DataParallel, Options::fuse_bytes): a sharded param piece whose fp32 master is at most fuse_bytes
+// travels with its block's fused group. The engine, the memory simulation and the cost model all ask here.
+constexpr bool fits_fused_group(int64_t piece_numel, int64_t fuse_bytes) {
+  return fuse_bytes > 0 && 4 * piece_numel <= fuse_bytes;
+}
+// With its strategy, the fused group a param or op falls in: its block ("blocks.3" for the param
+// "blocks.3.attn.qkv.bias" and the op "blocks.3.attn.qkv"), else its op ("ln_f" for "ln_f.bias" and "ln_f").
+std::string fusion_block(const std::string& name);
 // The full param stays resident and is all-gathered from the updated slices after each step (zero1, zero2,
 // hsdp2).
 constexpr bool gathers_after_step(Strategy s) {

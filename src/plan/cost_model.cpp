@@ -344,7 +344,7 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
   for (int64_t numel : p.param_numels) {
     const int64_t n = numel / c.splits;
     const double padded = static_cast<double>(padded_numel(n, ranks));
-    const bool fused = o_.fuse_bytes > 0 && 4 * n <= o_.fuse_bytes;
+    const bool fused = fits_fused_group(n, o_.fuse_bytes);
     auto pieces = [&](const CollectiveFit& fit, double bytes, double latency) {
       const double extra = fused ? 0.0 : std::max(0.0, latency - fit.alpha_ms);
       return c.splits * fit.ms(bytes) + (c.splits - 1) * extra;

@@ -301,12 +301,10 @@ class TransientSim {
     for (size_t i = 0; i < ops_.size(); ++i) {
       const Strategy s = choices_[i].strategy;
       if (!is_sharded(s)) continue;
-      const std::string& name = ops_[i].name;
-      const size_t dot = name.find('.');
-      const std::string block =
-          name.compare(0, dot, "blocks") == 0 ? name.substr(0, name.find('.', dot + 1)) : name;
+      const std::string block = fusion_block(ops_[i].name);
       for (int param = 0; param < static_cast<int>(ops_[i].param_numels.size()); ++param)
-        if (4 * ops_[i].param_numels[static_cast<size_t>(param)] / choices_[i].splits <= fuse_bytes)
+        if (fits_fused_group(ops_[i].param_numels[static_cast<size_t>(param)] / choices_[i].splits,
+                             fuse_bytes))
           for (int b = 0; b < choices_[i].splits; ++b)
             members[{block, static_cast<int>(s)}].push_back(key(i, Event{Ev::sample, param, b}));
     }

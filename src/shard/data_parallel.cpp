@@ -11,17 +11,6 @@
 #include "slimshard/hash.h"
 
 namespace slimshard {
-namespace {
-
-// The block a param belongs to, for fusion: "blocks.3" for "blocks.3.attn.qkv.bias", else its op ("ln_f").
-std::string block_of(const std::string& param) {
-  const size_t first = param.find('.');
-  if (param.compare(0, first, "blocks") == 0) return param.substr(0, param.find('.', first + 1));
-  return param.substr(0, first);
-}
-
-}  // namespace
-
 DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params,
                            const std::vector<Strategy>& strategies, const Options& o)
     : comm_(comm), reduce_(o.precision.reduce), defer_gathers_(o.defer_gathers), params_(std::move(params)) {
@@ -79,10 +68,8 @@ DataParallel::DataParallel(Communicator& comm, std::vector<ShardedParam*> params
   std::vector<std::pair<std::pair<std::string, int>, std::vector<ShardedParam*>>> keyed;
   for (ShardedParam* p : params_) {
     const Strategy s = p->strategy();
-    if (!is_sharded(s) || comm_.world() == 1 || o.fuse_bytes <= 0 ||
-        p->numel() * static_cast<int64_t>(p->master().element_size()) > o.fuse_bytes)
-      continue;
-    const auto key = std::make_pair(block_of(p->name()), static_cast<int>(s));
+    if (!is_sharded(s) || comm_.world() == 1 || !fits_fused_group(p->numel(), o.fuse_bytes)) continue;
+    const auto key = std::make_pair(fusion_block(p->name()), static_cast<int>(s));
     auto it = std::find_if(keyed.begin(), keyed.end(), [&](const auto& k) { return k.first == key; });
     if (it == keyed.end()) it = keyed.insert(keyed.end(), {key, {}});
     it->second.push_back(p);

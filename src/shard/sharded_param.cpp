@@ -41,6 +41,12 @@ Strategy parse_strategy(const std::string& s, const std::string& what) {
                    "' (expected ddp, zero1, zero2, zero3, slim, hsdp or hsdp2)");
 }
 
+std::string fusion_block(const std::string& name) {
+  const size_t first = name.find('.');
+  if (name.compare(0, first, "blocks") == 0) return name.substr(0, name.find('.', first + 1));
+  return name.substr(0, first);
+}
+
 std::string Precision::name() const {
   std::string s = float_type_name(compute);
   if (reduce != at::kFloat) s += std::string(", ") + float_type_name(reduce) + " reduce";
