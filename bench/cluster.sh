@@ -3,7 +3,7 @@
 # rank and 2 x 2, each host's link shaped to LINKS (10gbit, 1gbit, 100mbit), gpt-small (and gpt-25m on the
 # faster links). Per (link, hosts x ranks, shape), in one invocation: tokens/s, step time and bytes per step
 # between hosts for ddp (hierarchical and flat `--comm-backend mpi`), zero2, zero3, Slim-DP's recommended
-# setting (its round overlapped with the next step, and `--slim-apply now`), osdp under a budget halfway
+# setting (its round overlapped with the next step, and `--slim-apply now`; slim-fwd: `forward`), osdp under a budget halfway
 # between zero3's and ddp's estimated peaks (profiled on the cluster, so it measures the links), and PyTorch's
 # DDP over gloo with its processes in the same hosts. Optional configs (CONFIGS=...): ddp-b1 (ddp with 1 MiB
 # buckets), ddp-bf16 (gradients reduced in bf16) and torch-fp16 (PyTorch with its fp16 compression hook). Each run is
@@ -60,6 +60,7 @@ for link in $links; do
           zero2 | zero3) args="--strategy $cfg" ;;
           slim) args="--strategy slim --slim-core 0.5 --slim-explore 0.2 --slim-wire bf16 --slim-adam corrected --slim-apply next" ;;
           slim-now) args="--strategy slim --slim-core 0.5 --slim-explore 0.2 --slim-wire bf16 --slim-adam corrected --slim-apply now" ;;
+          slim-fwd) args="--strategy slim --slim-core 0.5 --slim-explore 0.2 --slim-wire bf16 --slim-adam corrected --slim-apply forward" ;;
           osdp)
             est() { "$bin" memory --model "$shape" --world "$W" --batch-size "$batch" --strategy "$1" --json "$out/est.json" \
               >/dev/null && python3 -c 'import json; print(json.load(open("'"$out"'/est.json"))["peak_bytes"])'; }

@@ -88,8 +88,7 @@ TEST(Precision, EveryStrategyMixedPlanAndSlimTrackBf16Ddp) {
   // anchor and signal in fp32.
   const std::string sgd = " --optimizer sgd --momentum 0 --clip 0 --lr 0.05";
   const TRun sgd_ddp = train(2, kTiny + bf16 + sgd + " --strategy ddp", dir, "sgd-ddp");
-  const TRun slim =
-      train(2, kTiny + bf16 + sgd + " --strategy slim --slim-core 1 --slim-apply now", dir, "slim");
+  const TRun slim = train(2, kTiny + bf16 + sgd + " --strategy slim --slim-core 1", dir, "slim");
   test::expect_same_losses(sgd_ddp, slim, "slim alpha=1 in bf16", 1e-4);
   EXPECT_TRUE(slim.summary.value("weights_identical", false));
 }

@@ -173,8 +173,10 @@ class ShardedParam {
   // zero1/zero2/hsdp2: the all-gather of the updated slices, left running into the next forward
   // (DataParallel::after_optimizer_step): whatever reads the full param first waits for it — materialize(),
   // replicated_value(), full_value() — so the gathers cross the link while the forward before it computes.
+  // Slim-DP's rounds applied per block (--slim-apply forward) are held here too, for the same waits.
   void set_pending_gather(std::shared_ptr<Work> w) { pending_gather_ = std::move(w); }
   void wait_gather() const;
+  bool gather_pending() const { return pending_gather_ != nullptr; }
   // After the masters changed (an optimizer step, a loaded checkpoint, a Slim-DP round): the working copy
   // takes their value. zero1/zero2: this rank's slice only (the caller all-gathers the rest). No-op when the
   // working copy is the master.

@@ -36,10 +36,13 @@ struct SlimOptions {
   // rounding remainder in its weights so that it travels in a later round (error feedback)
   std::string wire = "fp32";
   int wire_bytes() const { return wire == "bf16" ? 2 : 4; }  // per exchanged element
-  // next: a round's exchange runs while the next step computes, and its average is applied after that step,
-  // keeping the rank's progress made meanwhile (w += mean − sent); now: the step waits for the exchange and
-  // applies it at once (the original order). docs/slim-dp.md.
-  std::string apply = "now";
+  // forward: the original order, with the exchange one all-reduce per block in the forward's order, each
+  // applied as it arrives and waited for where the next forward first uses the block — so the rest of the
+  // round crosses the link under the blocks before; now: the step waits for the whole exchange and applies
+  // it at once (the same values bit for bit); next: a round's exchange runs while the next step computes,
+  // and its average is applied after that step, keeping the rank's progress made meanwhile
+  // (w += mean − sent: a step late). docs/slim-dp.md.
+  std::string apply = "forward";
 };
 
 class SlimSync {
@@ -99,12 +102,23 @@ class SlimSync {
   void launch(std::vector<Wire>& packed, std::vector<Wire>& sent, int64_t count);
   template <class Wire>
   void finish(std::vector<Wire>& packed, const std::vector<Wire>& sent);
+  // --slim-apply forward: pack as exchange() does, then one all-reduce per block (blocks_), each applying
+  // its block on the comm thread once averaged (apply_average) and left pending on the block's params.
+  template <class Wire>
+  void launch_per_block(std::vector<Wire>& packed, int64_t count);
+  // The averaged deltas `mean` (packed from the first selected element at or after lo) applied to
+  // elements [lo, hi): the anchor takes them, the weights too, keeping the bf16 wire's rounding remainder.
+  template <class Wire>
+  void apply_average(const Wire* mean, int64_t lo, int64_t hi);
   void finish_pending();
 
   Communicator& comm_;
   SlimOptions o_;
   std::vector<ShardedParam*> params_;
   std::vector<int64_t> offsets_;  // params_[i] is weights_[offsets_[i], offsets_[i + 1])
+  // apply=forward: the params of each block (fusion_block), as [first, last) into params_, in their order
+  std::vector<std::pair<size_t, size_t>> blocks_;
+  std::vector<std::shared_ptr<Work>> block_rounds_;  // apply=forward: the round's all-reduces in flight
   int64_t rounds_ = 0, total_ = 0, core_count_ = 0;
   at::Tensor weights_;  // every slim param's value, one buffer (the params' masters are views of it)
   at::Tensor anchor_;   // the value at the last round, identical on every rank

@@ -127,10 +127,12 @@ void add_slim_flags(CLI::App* sub, SlimOptions& slim) {
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
   sub->add_option("--slim-apply", slim.apply,
-                  "Slim-DP: next = a round's exchange runs during the next step and is applied after it "
-                  "(overlapped); now = the step waits for the exchange (the original order)")
+                  "Slim-DP: now = the step waits for the exchange (the original order); forward = the same "
+                  "order, the exchange one all-reduce per block, each waited for where the next forward "
+                  "first uses the block; next = a round's exchange runs during the next step and is "
+                  "applied after it (a step late)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"next", "now"}));
+      ->check(CLI::IsMember({"next", "now", "forward"}));
 }
 
 void add_train_flags(CLI::App* sub, TrainFlags& flags) {

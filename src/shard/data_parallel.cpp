@@ -281,6 +281,7 @@ void DataParallel::after_optimizer_step() {
   // waits for each in the order they go out. Each working copy is refreshed just before its gather.
   std::vector<bool> issued(groups_.size(), false);
   for (ShardedParam* p : params_) {
+    if (p->gather_pending()) continue;  // a Slim-DP round in flight (--slim-apply forward) refreshes it
     const auto g = gathers_after_step(p->strategy()) ? group_of_.find(p) : group_of_.end();
     if (g == group_of_.end()) {
       p->refresh_working();

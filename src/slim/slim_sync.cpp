@@ -32,7 +32,13 @@ SlimSync::SlimSync(Communicator& comm, std::vector<ShardedParam*> params, const 
   in_core_.assign(static_cast<size_t>(total_), 0);
   if (weights_.scalar_type() != at::kFloat) throw std::logic_error("SlimSync: fp32 params only");
   if (o_.wire != "fp32" && o_.wire != "bf16") throw std::logic_error("SlimSync: wire must be fp32 or bf16");
-  if (o_.apply != "next" && o_.apply != "now") throw std::logic_error("SlimSync: apply must be next or now");
+  if (o_.apply != "next" && o_.apply != "now" && o_.apply != "forward")
+    throw std::logic_error("SlimSync: apply must be next, now or forward");
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (blocks_.empty() || fusion_block(params_[i]->name()) != fusion_block(params_[i - 1]->name()))
+      blocks_.emplace_back(i, i + 1);
+    else
+      blocks_.back().second = i + 1;
   refresh_core();
   // Sized once at start (the design's buffer rule): the selection mask, and the packed round at its expected
   // size (core + explorer, with room for the explorer's spread).
@@ -132,16 +138,26 @@ at::Tensor pack_selected(const float* w, const float* a, const uint8_t* sel, int
 // round (error feedback) rather than being lost. The signal accumulates |mean delta|.
 template <class Wire>
 void SlimSync::exchange(std::vector<Wire>& packed, int64_t count) {
+  comm_
+      .all_reduce(pack_selected(weights_.data_ptr<float>(), anchor_.data_ptr<float>(), selected_.data(),
+                                total_, packed, count),
+                  ReduceOp::avg)
+      ->wait();
+  apply_average(packed.data(), 0, total_);
+}
+
+// Reads mean[m] at unselected elements too, multiplied by 0: the next selected one's average, or the zero
+// packed after the last.
+template <class Wire>
+void SlimSync::apply_average(const Wire* p, int64_t lo, int64_t hi) {
   float* w = weights_.data_ptr<float>();
   float* a = anchor_.data_ptr<float>();
   float* s = signal_.data_ptr<float>();
   const uint8_t* sel = selected_.data();
-  comm_.all_reduce(pack_selected(w, a, sel, total_, packed, count), ReduceOp::avg)->wait();
-  const Wire* p = packed.data();
   int64_t m = 0;
   // Branch-free too: the delta is zeroed and w keeps its bits where not selected.
   auto* wb = reinterpret_cast<uint32_t*>(w);
-  for (int64_t i = 0; i < total_; ++i) {
+  for (int64_t i = lo; i < hi; ++i) {
     const uint32_t keep = sel[i] - 1u;  // all ones where not selected
     float remainder = 0;
     if constexpr (!std::is_same_v<Wire, float>) {
@@ -193,7 +209,40 @@ void SlimSync::finish(std::vector<Wire>& packed, const std::vector<Wire>& sent) 
   }
 }
 
+// The packed round is cut where blocks begin (the selection is in index order, so each block's selected
+// deltas are contiguous); the all-reduces go out in the forward's order. Each applies its block when it
+// arrives and refreshes the block's working copies; the block's params hold it as a pending gather, which
+// whatever reads them first waits for (materialize() in the forward, DataParallel's wait at the end of the
+// backward for a param the forward did not use). A block with nothing selected changes nothing.
+template <class Wire>
+void SlimSync::launch_per_block(std::vector<Wire>& packed, int64_t count) {
+  at::Tensor t = pack_selected(weights_.data_ptr<float>(), anchor_.data_ptr<float>(), selected_.data(),
+                               total_, packed, count);
+  const uint8_t* sel = selected_.data();
+  int64_t m = 0;
+  for (const auto& [first, last] : blocks_) {
+    const int64_t lo = offsets_[first], hi = offsets_[last];
+    int64_t k = 0;
+    for (int64_t i = lo; i < hi; ++i) k += sel[i];
+    if (k == 0) continue;
+    const Wire* mean = packed.data() + m;
+    WorkPtr w =
+        comm_.all_reduce(t.slice(0, m, m + k), ReduceOp::avg, [this, mean, lo, hi, f = first, l = last] {
+          apply_average(mean, lo, hi);
+          for (size_t i = f; i < l; ++i) params_[i]->refresh_working();  // (it guards grad mode itself)
+        });
+    for (size_t i = first; i < last; ++i) params_[i]->set_pending_gather(w);
+    block_rounds_.push_back(std::move(w));
+    m += k;
+  }
+}
+
 void SlimSync::finish_pending() {
+  if (!block_rounds_.empty()) {
+    for (const WorkPtr& w : block_rounds_) w->wait();
+    block_rounds_.clear();
+    for (ShardedParam* p : params_) p->wait_gather();  // done: clears what the params held
+  }
   if (!pending_) return;
   at::NoGradGuard no_grad;
   if (o_.wire_bytes() == 2)
@@ -215,7 +264,11 @@ void SlimSync::after_step(int64_t step) {
   const int64_t count = mark_selection(drawn, selected_);
   for (int64_t i : drawn) digest_ = fnv1a(digest_, static_cast<uint64_t>(i));
   digest_ = fnv1a(digest_, static_cast<uint64_t>(count));
-  if (o_.apply == "next" && o_.wire_bytes() == 2)
+  if (o_.apply == "forward" && o_.wire_bytes() == 2)
+    launch_per_block(packed16_, count);
+  else if (o_.apply == "forward")
+    launch_per_block(packed_, count);
+  else if (o_.apply == "next" && o_.wire_bytes() == 2)
     launch(packed16_, sent16_, count);
   else if (o_.apply == "next")
     launch(packed_, sent_, count);
@@ -317,10 +370,15 @@ nlohmann::json SlimSync::state_json() const {
 
 bool SlimSync::can_resume_from(const nlohmann::json& saved) const {
   if (!saved.is_object()) return false;
-  nlohmann::json now = state_json();
+  // now and forward leave the same state, bit for bit: either continues the other
+  auto same_order = [](nlohmann::json j) {
+    if (j.value("apply", "") == "forward") j["apply"] = "now";
+    return j;
+  };
+  nlohmann::json now = same_order(state_json());
   now["rounds"] = saved.value("rounds", nlohmann::json());
   now["digest"] = saved.value("digest", nlohmann::json());
-  return saved == now && now["rounds"].is_number_integer() && now["digest"].is_number_integer();
+  return same_order(saved) == now && now["rounds"].is_number_integer() && now["digest"].is_number_integer();
 }
 
 void SlimSync::resume_from(const nlohmann::json& saved, bool exact) {
