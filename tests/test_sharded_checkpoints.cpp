@@ -71,6 +71,13 @@ TEST(Checkpoint, ResumeIsBitExactDdpZero3AndSlim) {
     expect_continues(full, a, b, 0, tag + " resumed at step 10");
     if (tag != "slim") continue;
     EXPECT_NE(b.output.find("Slim-DP state restored"), std::string::npos) << b.output;
+    // Saved with the default order (forward), resumed waiting for each round whole (now): the same values bit
+    // for bit, so the state is taken and the run continues exactly.
+    CkptRun n = train(2, st + save + dir + "/ck-now --resume " + ck + "/step-00000010 --slim-apply now", dir,
+                      tag + "-now");
+    ASSERT_EQ(n.code, 0) << n.output;
+    EXPECT_NE(n.output.find("Slim-DP state restored"), std::string::npos) << n.output;
+    expect_continues(full, a, n, 0, tag + " resumed at step 10 with --slim-apply now");
     // Other Slim-DP settings: the weights load, the core is chosen again, and the run says so.
     CkptRun c = train(2, st + " --slim-core 0.5 --resume " + ck + "/step-00000010", dir, tag + "-c");
     ASSERT_EQ(c.code, 0) << c.output;
