@@ -118,7 +118,6 @@ class SlimSync {
   std::vector<int64_t> offsets_;  // params_[i] is weights_[offsets_[i], offsets_[i + 1])
   // apply=forward: the params of each block (fusion_block), as [first, last) into params_, in their order
   std::vector<std::pair<size_t, size_t>> blocks_;
-  std::vector<std::shared_ptr<Work>> block_rounds_;  // apply=forward: the round's all-reduces in flight
   int64_t rounds_ = 0, total_ = 0, core_count_ = 0;
   at::Tensor weights_;  // every slim param's value, one buffer (the params' masters are views of it)
   at::Tensor anchor_;   // the value at the last round, identical on every rank

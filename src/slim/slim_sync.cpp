@@ -232,17 +232,12 @@ void SlimSync::launch_per_block(std::vector<Wire>& packed, int64_t count) {
           for (size_t i = f; i < l; ++i) params_[i]->refresh_working();  // (it guards grad mode itself)
         });
     for (size_t i = first; i < last; ++i) params_[i]->set_pending_gather(w);
-    block_rounds_.push_back(std::move(w));
     m += k;
   }
 }
 
 void SlimSync::finish_pending() {
-  if (!block_rounds_.empty()) {
-    for (const WorkPtr& w : block_rounds_) w->wait();
-    block_rounds_.clear();
-    for (ShardedParam* p : params_) p->wait_gather();  // done: clears what the params held
-  }
+  for (ShardedParam* p : params_) p->wait_gather();  // apply=forward: the blocks' rounds the params hold
   if (!pending_) return;
   at::NoGradGuard no_grad;
   if (o_.wire_bytes() == 2)
