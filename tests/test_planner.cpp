@@ -270,7 +270,7 @@ TEST(Planner, SlimIsAChoiceOnlyWhenAllowedAndCostsItsWireBytes) {
   CostOptions cost_opts;
   cost_opts.world = 2;
   cost_opts.global_batch = 8;
-  cost_opts.slim_overlapped = false;  // the round after the step: its bytes are its whole cost
+  cost_opts.slim_apply = SlimApply::now;  // the round after the step: its bytes are its whole cost
   auto strategies_offered = [&](const CostModel& m) {
     std::set<Strategy> out;
     for (size_t op = 0; op < m.ops().size(); ++op)
@@ -319,6 +319,49 @@ TEST(Planner, SlimIsAChoiceOnlyWhenAllowedAndCostsItsWireBytes) {
   const SearchResult r = search_plan(CostModel::from_profile(prof, cost_opts), SearchOptions{});
   ASSERT_TRUE(r.fits);
   for (const auto& [op, choice] : r.choices) EXPECT_EQ(choice.strategy, Strategy::slim) << op;
+}
+
+// The three orders of a Slim-DP round (--slim-apply) are charged what the compute before the round's use
+// hides: `now` the whole round after the step, `forward` less the op's first forward (the round is waited
+// for where the next forward first uses the block), `next` less the op's whole next step (forward of every
+// micro-batch and backward). With overlap free (slowdown 1), on rounds shorter and longer than that compute.
+TEST(Planner, SlimRoundOrdersAreChargedWhatTheComputeBeforeTheirUseHides) {
+  Profile prof = synthetic_profile(ModelConfig::preset_config("mlp"), 2, 4);
+  prof.overlap_slowdown = 1;
+  CostOptions o;
+  o.world = 2;
+  o.global_batch = 8;  // 4 rows per rank: 2 micro-batches of 2
+  o.allow_slim = true;
+  o.slim_fraction = 0.4;
+  for (double scale : {0.01, 1.0, 100.0}) {
+    Profile p = prof;
+    for (auto& [name, fit] : p.collectives) fit.beta_ms_per_byte *= scale;
+    std::map<SlimApply, CostModel> by_order;
+    for (SlimApply a : {SlimApply::now, SlimApply::forward, SlimApply::next}) {
+      o.slim_apply = a;
+      by_order.emplace(a, CostModel::from_profile(p, o));
+    }
+    const CostModel& m = by_order.at(SlimApply::now);
+    const CollectiveFit& ar = p.collectives.at("all_reduce");
+    int hidden_some = 0;
+    for (size_t op = 0; op < m.ops().size(); ++op) {
+      double n = 0;
+      for (int64_t k : m.ops()[op].param_numels) n += static_cast<double>(k);
+      if (n == 0) continue;
+      const double round = ar.ms(4 * n * 0.4), fwd = m.ops()[op].fwd_ms.at(2), bwd = m.ops()[op].bwd_ms.at(2);
+      auto charged = [&](SlimApply a) { return by_order.at(a).cost(op, {Strategy::slim, 1}, 2).time_ms; };
+      const double now = charged(SlimApply::now), tol = 1e-9 * now;
+      EXPECT_NEAR(now - charged(SlimApply::forward), std::min(round, fwd), tol) << m.ops()[op].name;
+      EXPECT_NEAR(now - charged(SlimApply::next), std::min(round, 2 * fwd + bwd), tol) << m.ops()[op].name;
+      hidden_some += round > fwd ? 1 : 0;
+      // Orders of a round that is not slim's: ddp's cost does not depend on them.
+      EXPECT_EQ(by_order.at(SlimApply::forward).cost(op, {Strategy::ddp, 1}, 2).time_ms,
+                m.cost(op, {Strategy::ddp, 1}, 2).time_ms);
+    }
+    if (scale == 100.0) EXPECT_GT(hidden_some, 0) << "no round longer than its op's forward";
+  }
+  EXPECT_EQ(parse_slim_apply("forward"), SlimApply::forward);
+  EXPECT_THROW(parse_slim_apply("later"), UsageError);
 }
 
 // Recomputation per block among the choices (--recompute auto): the search equals brute force over every

@@ -59,6 +59,11 @@ struct PlanCost {
   std::vector<ChoiceCost> per_op;  // model order
 };
 
+// When a Slim-DP round's average is applied (--slim-apply): after the step (now), block by block as the next
+// forward reaches it (forward), or one step late (next).
+enum class SlimApply { now, forward, next };
+SlimApply parse_slim_apply(const std::string& s);
+
 // What the cost model knows of the run: world, global batch, prefetch, optimizer, buckets, Slim-DP.
 struct CostOptions {
   int world = 1;
@@ -73,7 +78,7 @@ struct CostOptions {
   double slim_fraction = 0.325;
   double slim_wire_bytes = 4;
   int slim_period = 1;
-  bool slim_overlapped = true;  // --slim-apply next: the round's all-reduce runs under the next step
+  SlimApply slim_apply = SlimApply::forward;
   // Working copies gathered in precision.compute, gradients reduced in precision.reduce; a profile taken in
   // another precision is refused.
   Precision precision;

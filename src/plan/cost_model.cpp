@@ -37,6 +37,13 @@ double nearest(const std::map<int64_t, double>& by_b, int64_t b) {
 
 }  // namespace
 
+SlimApply parse_slim_apply(const std::string& s) {
+  if (s == "now") return SlimApply::now;
+  if (s == "forward") return SlimApply::forward;
+  if (s == "next") return SlimApply::next;
+  throw UsageError("--slim-apply: expected now, forward or next, got '" + s + "'");
+}
+
 double CostModel::interp(const std::map<int64_t, double>& m, int64_t b) const {
   if (m.empty()) return 0;
   auto it = m.find(b);
@@ -424,8 +431,12 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
       for (int64_t numel : p.param_numels) n += static_cast<double>(numel);
       if (multi) after = ar.ms(o_.slim_wire_bytes * n * o_.slim_fraction) / std::max(1, o_.slim_period);
       world_bytes(o_.slim_wire_bytes * n * o_.slim_fraction / std::max(1, o_.slim_period), 2);
-      // Overlapped (--slim-apply next): under the next step's compute of this op, which it slows.
-      if (o_.slim_overlapped) after = overlap(accum * fwd + bwd, after, f) - (accum * fwd + bwd);
+      // forward: each block's round travels while the forward runs the ops before it and is waited for at the
+      // block's first use; charged here as hidden under the op's own first forward (the same sum over the
+      // blocks, shifted by one op). next: under the whole next step's compute of this op, which it slows.
+      if (o_.slim_apply == SlimApply::forward) after = overlap(fwd, after, f) - fwd;
+      if (o_.slim_apply == SlimApply::next)
+        after = overlap(accum * fwd + bwd, after, f) - (accum * fwd + bwd);
       break;
     }
   }

@@ -607,7 +607,7 @@ RunSpec run_spec(const TrainOptions& o, int world, int ranks_per_host) {
   spec.cost.slim_fraction = o.slim.core + o.slim.explore * (1 - o.slim.core);
   spec.cost.slim_wire_bytes = o.slim.wire_bytes();
   spec.cost.slim_period = o.slim.period;
-  spec.cost.slim_overlapped = o.slim.apply == "next";
+  spec.cost.slim_apply = parse_slim_apply(o.slim.apply);
   spec.cost.precision = o.precision;
   spec.cost.fuse_bytes = o.fuse_bytes;
   spec.cost.recompute = parse_recompute(o.recompute);
