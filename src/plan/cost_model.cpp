@@ -434,9 +434,10 @@ ChoiceCost CostModel::cost(size_t op, OpChoice c, int64_t micro) const {
       // forward: each block's round travels while the forward runs the ops before it and is waited for at the
       // block's first use; charged here as hidden under the op's own first forward (the same sum over the
       // blocks, shifted by one op). next: under the whole next step's compute of this op, which it slows.
-      if (o_.slim_apply == SlimApply::forward) after = overlap(fwd, after, f) - fwd;
-      if (o_.slim_apply == SlimApply::next)
-        after = overlap(accum * fwd + bwd, after, f) - (accum * fwd + bwd);
+      const double hiding = o_.slim_apply == SlimApply::forward ? fwd
+                            : o_.slim_apply == SlimApply::next  ? accum * fwd + bwd
+                                                                : 0;
+      if (hiding > 0) after = overlap(hiding, after, f) - hiding;
       break;
     }
   }
