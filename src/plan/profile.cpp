@@ -28,7 +28,10 @@ namespace {
 // 2: activation peaks around and in each op (act_moments: before and in forward, before and in backward, and
 // the backward's tail after its weight gradient's hand-over — absent in older version 2 files;
 // loss.peak_bytes), measured with the gradients laid out (version 1 counted them as backward activations).
-constexpr int kProfileVersion = 2;
+// 3: overlap_slowdown is the compute rate while a collective is in flight, and the calibration (compute
+// scale, latency, residuals) is fitted with the cost model's overlap that charges it only while the
+// collective lasts; a version 2 profile's fits rest on the older overlap and would mislead it.
+constexpr int kProfileVersion = 3;
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) {
@@ -129,12 +132,12 @@ void profile_compute(const ModelConfig& cfg, int64_t b, const ProfileOptions& o,
   p.backward_extra_bytes[b] = act.backward_extra;
 }
 
-double gemm_loop_ms(int n) {
-  at::Tensor a = at::randn({384, 384}), c = at::randn({384, 384});
-  const auto t = Clock::now();
-  for (int i = 0; i < n; ++i) a = at::mm(a, c).div_(384.0);
-  return ms_since(t);
-}
+// The probe compute of measure_overlap_slowdown: one 384 x 384 GEMM into the same output each step (the
+// chained product it replaced decayed into denormals within a few steps).
+struct ProbeGemm {
+  at::Tensor a = at::randn({384, 384}), c = at::randn({384, 384}), out = at::empty({384, 384});
+  void step() { at::mm_out(out, a, c); }
+};
 
 // Collectives at this world size, over a range of sizes: a fit of t = α + β·bytes each.
 void profile_collectives(Communicator& comm, const ProfileOptions& o, Profile& p) {
@@ -175,23 +178,46 @@ void profile_collectives(Communicator& comm, const ProfileOptions& o, Profile& p
   }
 }
 
-// Compute alone, then the same compute while all-gathers keep the comm thread busy.
+// How much slower compute runs while a collective is in flight (the cost model's f: compute proceeds at
+// 1/f of its speed for as long as the collective lasts). Per GEMM, alone and while all-gathers keep the
+// comm thread busy — timed only while they last: a train of gathers that ended before the GEMMs did diluted
+// the rate with GEMMs that ran alone (one host's fast gathers). The train is sized from one gather alone to
+// outlast the GEMMs; rank 0's count is every rank's, since all must issue as many.
 double measure_overlap_slowdown(Communicator& comm) {
-  comm.barrier()->wait();
-  std::vector<double> alone, together;
-  const int gemms = 60;
+  if (comm.world() == 1) return 1.0;
+  constexpr int gemms = 60;
   at::Tensor full = at::ones({(8 << 20) / 4 / comm.world() * comm.world()});
   at::Tensor part = at::ones({full.numel() / comm.world()});
+  ProbeGemm chain;
+  auto per_gemm_alone = [&] {
+    const auto t = Clock::now();
+    for (int i = 0; i < gemms; ++i) chain.step();
+    return ms_since(t) / gemms;
+  };
+  comm.barrier()->wait();
+  const double gemm_ms = per_gemm_alone();
+  comm.barrier()->wait();
+  auto t = Clock::now();
+  comm.all_gather(full, part)->wait();
+  const double gather_ms = std::max(1e-3, ms_since(t));
+  at::Tensor count =
+      at::full({1}, std::clamp(std::ceil(2 * gemms * gemm_ms / gather_ms), 2.0, 256.0), at::kDouble);
+  comm.broadcast(count, 0)->wait();
+  std::vector<double> alone, together;
   for (int it = 0; it < 3; ++it) {
     comm.barrier()->wait();
-    alone.push_back(gemm_loop_ms(gemms));
+    alone.push_back(per_gemm_alone());
     comm.barrier()->wait();
     std::vector<WorkPtr> works;
-    for (int i = 0; i < 12; ++i) works.push_back(comm.all_gather(full, part));
-    together.push_back(gemm_loop_ms(gemms));
+    for (int i = 0; i < count.item<double>(); ++i) works.push_back(comm.all_gather(full, part));
+    int done = 0;
+    t = Clock::now();
+    while (done < gemms && !works.back()->done()) chain.step(), ++done;
+    if (done >= 4) together.push_back(ms_since(t) / done);
     for (auto& w : works) w->wait();
   }
-  return comm.world() > 1 ? std::max(1.0, median(together) / median(alone)) : 1.0;
+  if (together.empty()) return 1.0;  // every train ended within a few GEMMs: nothing to slow
+  return std::max(1.0, median(together) / median(alone));
 }
 
 // Per element of the owned parameters, the work after backward: zeroing the gradient (before the next step),
