@@ -4,9 +4,8 @@
 //   backward  compute overlapped with the op's reductions: zero3 gather + reduce-scatter, zero2
 //             reduce-scatter, and on the last micro-batch only zero1's reduce-scatter or DDP's share of its
 //             bucket's all-reduce
-//   overlap   max(M, C + M·(1 - 1/f)): compute runs at 1/f of its speed (measured) while the collective
-//   lasts,
-//             so an overlapped collective never costs more than a serial one
+//   overlap   max(M, C + M·(1 - 1/f)): compute runs at 1/f of its speed (measured) while the
+//             collective lasts, so an overlapped collective never costs more than a serial one
 //   splits    each collective a split adds pays the busy-thread latency (unless its pieces are fused)
 //   after     zero1/zero2 all-gather the updated slices, charged whole: the engine lets them run into
 //             the next forward, but they queue on one link, and charged as hidden under each op's own

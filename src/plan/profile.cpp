@@ -132,8 +132,9 @@ void profile_compute(const ModelConfig& cfg, int64_t b, const ProfileOptions& o,
   p.backward_extra_bytes[b] = act.backward_extra;
 }
 
-// The probe compute of measure_overlap_slowdown: one 384 x 384 GEMM into the same output each step (the
-// chained product it replaced decayed into denormals within a few steps).
+// The probe compute of measure_overlap_slowdown: one 384 x 384 GEMM of the same operands into the same
+// output each step (a chained product, a = a·c / 384, shrank ~20x a step: through denormals to zero within
+// ~35 of its 60 steps).
 struct ProbeGemm {
   at::Tensor a = at::randn({384, 384}), c = at::randn({384, 384}), out = at::empty({384, 384});
   void step() { at::mm_out(out, a, c); }
@@ -188,10 +189,10 @@ double measure_overlap_slowdown(Communicator& comm) {
   constexpr int gemms = 60;
   at::Tensor full = at::ones({(8 << 20) / 4 / comm.world() * comm.world()});
   at::Tensor part = at::ones({full.numel() / comm.world()});
-  ProbeGemm chain;
+  ProbeGemm gemm;
   auto per_gemm_alone = [&] {
     const auto t = Clock::now();
-    for (int i = 0; i < gemms; ++i) chain.step();
+    for (int i = 0; i < gemms; ++i) gemm.step();
     return ms_since(t) / gemms;
   };
   comm.barrier()->wait();
@@ -200,19 +201,20 @@ double measure_overlap_slowdown(Communicator& comm) {
   auto t = Clock::now();
   comm.all_gather(full, part)->wait();
   const double gather_ms = std::max(1e-3, ms_since(t));
-  at::Tensor count =
+  at::Tensor train =
       at::full({1}, std::clamp(std::ceil(2 * gemms * gemm_ms / gather_ms), 2.0, 256.0), at::kDouble);
-  comm.broadcast(count, 0)->wait();
+  comm.broadcast(train, 0)->wait();
+  const int gathers = static_cast<int>(train.item<double>());
   std::vector<double> alone, together;
   for (int it = 0; it < 3; ++it) {
     comm.barrier()->wait();
     alone.push_back(per_gemm_alone());
     comm.barrier()->wait();
     std::vector<WorkPtr> works;
-    for (int i = 0; i < count.item<double>(); ++i) works.push_back(comm.all_gather(full, part));
+    for (int i = 0; i < gathers; ++i) works.push_back(comm.all_gather(full, part));
     int done = 0;
     t = Clock::now();
-    while (done < gemms && !works.back()->done()) chain.step(), ++done;
+    while (done < gemms && !works.back()->done()) gemm.step(), ++done;
     if (done >= 4) together.push_back(ms_since(t) / done);
     for (auto& w : works) w->wait();
   }
